@@ -1,0 +1,47 @@
+"""The ``probe`` command line.
+
+Each sub-command lives in its own module, which provides ``add_arguments(parser)``
+and ``run(args) -> int``; the module is imported only when its command is used, so
+``probe --help`` stays fast (no torch import).
+"""
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS = {
+    "init": ("probe.init_config", "write an editable config.json and support_wrap_ops.yaml"),
+    "compare": ("probe.compare.cli", "compare an NPU dump with a bench dump into an Excel report"),
+}
+
+
+def _top_parser():
+    parser = argparse.ArgumentParser(
+        prog="probe", description="Precision debugging for PyTorch training.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="commands:\n" + "\n".join(f"  {n:<12} {h}" for n, (_, h) in COMMANDS.items()))
+    parser.add_argument("command", choices=sorted(COMMANDS), metavar="command")
+    return parser
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        _top_parser().parse_args(argv or ["--help"])
+        return 2
+    name = argv[0]
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"probe {name}", description=help_text)
+    module.add_arguments(parser)
+    args = parser.parse_args(argv[1:])
+    try:
+        return int(module.run(args) or 0)
+    except (ValueError, FileNotFoundError, PermissionError) as exc:
+        # Bad input: one clear line, no traceback.
+        print(f"probe {name}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
