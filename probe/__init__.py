@@ -1,0 +1,32 @@
+"""probe: precision debugging for PyTorch training.
+
+    from probe import PrecisionDebugger
+    debugger = PrecisionDebugger(config_path="config.json")
+    debugger.start(); train_step(); debugger.stop(); debugger.step()
+
+Heavy modules (torch, pandas) are imported on first use of a name, so that
+``import probe`` and ``probe --help`` stay cheap.
+"""
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "PrecisionDebugger": "probe.debugger",
+    "seed_all": "probe.seed",
+    "ConfigError": "probe.config",
+    "compare": "probe.compare",
+    "compare_distributed": "probe.compare",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'probe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
