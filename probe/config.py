@@ -1,0 +1,206 @@
+"""config.json: read, checked and frozen into a ``DumpConfig``.
+
+Every bad value is refused here, at ``PrecisionDebugger(...)``, with one line that names
+the file, the key and what is allowed; nothing fails later deep inside a training step.
+Keys and meanings follow msprobe's config.json so existing files keep working.
+"""
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+
+from probe.errors import ConfigError
+
+TASKS = ("statistics", "tensor")
+# Sections msprobe configs may carry for tasks probe does not run: accepted, ignored.
+OTHER_TASK_SECTIONS = ("overflow_check", "free_benchmark", "run_ut", "grad_probe", "structure",
+                       "exception_dump", "meta_check")
+LEVELS = ("L0", "L1", "L2", "mix")
+DATA_MODES = ("all", "forward", "backward", "input", "output")
+SUMMARY_MODES = ("statistics", "md5")
+FILE_FORMATS = ("npy",)
+TOP_KEYS = ("task", "dump_path", "rank", "step", "level", "seed", "is_deterministic",
+            "enable_dataloader", "async_dump", "wrap_ops_yaml", "framework", "precision")
+SECTION_KEYS = ("scope", "list", "data_mode", "summary_mode", "file_format", "backward_input",
+                "online_run_ut", "nfs_path", "host", "port", "overflow_nums", "check_mode")
+_PATH_RE = re.compile(r"^[A-Za-z0-9_./\-]+$")
+
+
+@dataclass(frozen=True)
+class DumpConfig:
+    task: str = "statistics"
+    dump_path: str = "./dump_path"
+    rank: tuple = ()            # empty: every rank
+    step: tuple = ()            # empty: every step
+    level: str = "L1"
+    seed: int = None            # None: leave the RNGs alone
+    is_deterministic: bool = False
+    enable_dataloader: bool = False
+    async_dump: bool = False
+    wrap_ops_yaml: str = None
+    scope: tuple = ()
+    list: tuple = ()
+    data_mode: tuple = ("all",)
+    summary_mode: str = "statistics"
+    file_format: str = "npy"
+    source: str = "<arguments>"
+
+    def wants_step(self, step):
+        return not self.step or step in self.step
+
+    def wants_rank(self, rank):
+        return not self.rank or rank in self.rank
+
+
+def _fail(source, key, msg):
+    raise ConfigError(f"{source}: {key}: {msg}")
+
+
+def _parse_steps(source, value):
+    if not isinstance(value, list):
+        _fail(source, "step", f"must be a list of ints or 'a-b' ranges, got {value!r}")
+    steps = set()
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            _fail(source, "step", f"bad item {item!r}; use ints >= 0 or 'a-b' ranges")
+        if isinstance(item, int):
+            if item < 0:
+                _fail(source, "step", f"bad item {item!r}; steps are >= 0")
+            steps.add(item)
+            continue
+        m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", item) or re.fullmatch(r"\s*(\d+)\s*", item)
+        if not m:
+            _fail(source, "step", f"bad item {item!r}; use ints >= 0 or 'a-b' ranges")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.lastindex == 2 else lo
+        if hi < lo:
+            _fail(source, "step", f"bad range {item!r}: start is after end")
+        steps.update(range(lo, hi + 1))
+    return tuple(sorted(steps))
+
+
+def _parse_ranks(source, value):
+    if not isinstance(value, list) or any(isinstance(r, bool) or not isinstance(r, int) for r in value):
+        _fail(source, "rank", f"must be a list of ints, got {value!r}")
+    if any(r < 0 for r in value):
+        _fail(source, "rank", f"ranks are >= 0, got {value!r}")
+    world = os.environ.get("WORLD_SIZE")
+    if value and world and world.isdigit() and all(r >= int(world) for r in value):
+        _fail(source, "rank", f"{value!r} can never match: WORLD_SIZE is {world}")
+    return tuple(sorted(set(value)))
+
+
+def _check_list(source, key, value, allowed=None):
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        _fail(source, key, f"must be a list of strings, got {value!r}")
+    if allowed is not None:
+        bad = [v for v in value if v not in allowed]
+        if bad:
+            _fail(source, key, f"unknown value {bad[0]!r}; allowed: {', '.join(allowed)}")
+    return tuple(value)
+
+
+def _check_bool(source, key, value):
+    if not isinstance(value, bool):
+        _fail(source, key, f"must be true or false, got {value!r}")
+    return value
+
+
+def _check_dump_path(source, value):
+    if not isinstance(value, str) or not value:
+        _fail(source, "dump_path", f"must be a non-empty string, got {value!r}")
+    if not _PATH_RE.match(value):
+        _fail(source, "dump_path", f"{value!r} has characters outside letters, digits, '_ . / -'")
+    try:
+        os.makedirs(value, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=value):
+            pass
+    except OSError as exc:
+        _fail(source, "dump_path", f"{value!r} is not writable ({exc.strerror or exc})")
+    return value
+
+
+def _check_list_filters(source, items):
+    for item in items:
+        if item.startswith("regex(") and item.endswith(")"):
+            try:
+                re.compile(item[6:-1])
+            except re.error as exc:
+                _fail(source, "list", f"bad regex {item!r}: {exc}")
+    return items
+
+
+def load_config(config_path=None, **overrides):
+    """Build a DumpConfig from a config.json and keyword overrides (which win)."""
+    source = config_path or "<arguments>"
+    raw = {}
+    if config_path is not None:
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config_path: file not found: {config_path}") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{config_path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{config_path}: expected a JSON object")
+    top = {k: v for k, v in raw.items() if k not in TASKS + OTHER_TASK_SECTIONS}
+    for key in top:
+        if key not in TOP_KEYS:
+            _fail(source, key, f"unknown key; allowed: {', '.join(TOP_KEYS + TASKS)}")
+    for key, value in overrides.items():
+        if value is not None:
+            top[key] = value
+    task = top.get("task", "statistics")
+    if task not in TASKS:
+        _fail(source, "task", f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
+    level = top.get("level", "L1")
+    if level not in LEVELS:
+        _fail(source, "level", f"unknown level {level!r}; allowed: {', '.join(LEVELS)}")
+    cfg = {"task": task, "level": level, "source": source}
+    cfg["dump_path"] = _check_dump_path(source, top.get("dump_path", "./dump_path"))
+    if "rank" in top:
+        cfg["rank"] = _parse_ranks(source, top["rank"])
+    if "step" in top:
+        cfg["step"] = _parse_steps(source, top["step"])
+    if "seed" in top:
+        if isinstance(top["seed"], bool) or not isinstance(top["seed"], int):
+            _fail(source, "seed", f"must be an int, got {top['seed']!r}")
+        cfg["seed"] = top["seed"]
+    for key in ("is_deterministic", "enable_dataloader", "async_dump"):
+        if key in top:
+            cfg[key] = _check_bool(source, key, top[key])
+    if top.get("wrap_ops_yaml") is not None:
+        if not isinstance(top["wrap_ops_yaml"], str):
+            _fail(source, "wrap_ops_yaml", "must be a path string")
+        cfg["wrap_ops_yaml"] = top["wrap_ops_yaml"]
+    if top.get("framework", "pytorch") != "pytorch":
+        _fail(source, "framework", f"only 'pytorch' is supported, got {top['framework']!r}")
+
+    section = raw.get(task, {}) or {}
+    if not isinstance(section, dict):
+        _fail(source, task, "task section must be a JSON object")
+    for key in section:
+        if key not in SECTION_KEYS:
+            _fail(source, f"{task}.{key}", f"unknown key; allowed: {', '.join(SECTION_KEYS[:5])}")
+    if "scope" in section:
+        scope = _check_list(source, f"{task}.scope", section["scope"])
+        if len(scope) not in (0, 2):
+            _fail(source, f"{task}.scope", f"give [first, last] entry names, got {list(scope)!r}")
+        cfg["scope"] = scope
+    if "list" in section:
+        cfg["list"] = _check_list_filters(source, _check_list(source, f"{task}.list", section["list"]))
+    if "data_mode" in section:
+        modes = _check_list(source, f"{task}.data_mode", section["data_mode"], DATA_MODES)
+        cfg["data_mode"] = modes or ("all",)
+    if "summary_mode" in section:
+        if section["summary_mode"] not in SUMMARY_MODES:
+            _fail(source, f"{task}.summary_mode",
+                  f"unknown value {section['summary_mode']!r}; allowed: {', '.join(SUMMARY_MODES)}")
+        cfg["summary_mode"] = section["summary_mode"]
+    if "file_format" in section:
+        if section["file_format"] not in FILE_FORMATS:
+            _fail(source, f"{task}.file_format", f"allowed: {', '.join(FILE_FORMATS)}")
+    return DumpConfig(**cfg)
+

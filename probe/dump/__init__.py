@@ -1,0 +1,1 @@
+"""Turning intercepted calls into dump files: statistics, stacks, records, the writer."""

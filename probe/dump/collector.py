@@ -1,0 +1,262 @@
+"""API-level (L1) dumping: the interceptor's handler turns calls into dump entries.
+
+For each registered call it names the entry (``Functional.linear.3``, counters per API
+restarting at each step), applies the filters, summarises inputs before the call (an
+in-place API overwrites them) and outputs after, records the stack, hands tensor copies
+and the entry to the writer, and hooks the call's autograd nodes for its backward entry.
+Any failure in this bookkeeping is logged once per API; the call's real result is
+always returned, and exceptions raised by the API itself propagate unchanged.
+"""
+import logging
+import re
+
+import torch
+
+from probe.dump import stats
+from probe.dump.records import describe_value
+from probe.dump.stack import StackTable
+from probe.hook_module import grad_capture
+from probe.hook_module.interceptor import guard
+
+log = logging.getLogger("probe")
+
+
+class CallFilter:
+    """``list``, ``scope`` and ``data_mode`` of the config, decided per entry."""
+
+    def __init__(self, config):
+        self.patterns = []
+        self.substrings = []
+        for item in config.list:
+            if item.startswith("regex(") and item.endswith(")"):
+                self.patterns.append(re.compile(item[6:-1]))
+            else:
+                self.substrings.append(item)
+        self.scope = tuple(_base(s) for s in config.scope)
+        self.scope_state = 0 if self.scope else 1   # 0 before first, 1 inside, 2 after last
+        modes = set(config.data_mode)
+        every = "all" in modes
+        self.forward = every or "forward" in modes or not modes & {"forward", "backward"}
+        self.backward = every or "backward" in modes or not modes & {"forward", "backward"}
+        self.inputs = every or "input" in modes or not modes & {"input", "output"}
+        self.outputs = every or "output" in modes or not modes & {"input", "output"}
+
+    def reset(self):
+        self.scope_state = 0 if self.scope else 1
+
+    def wants(self, base):
+        """Should the call named ``base`` ("Functional.linear.0") be dumped?"""
+        if self.scope:
+            if self.scope_state == 0:
+                if base != self.scope[0]:
+                    return False
+                self.scope_state = 1
+            elif self.scope_state == 2:
+                return False
+            if base == self.scope[1]:
+                self.scope_state = 2
+        if self.patterns or self.substrings:
+            name = base + ".forward"
+            return any(s in name for s in self.substrings) or any(p.search(name) for p in self.patterns)
+        return True
+
+
+def _base(entry_name):
+    for suffix in (".forward", ".backward"):
+        if entry_name.endswith(suffix):
+            return entry_name[: -len(suffix)]
+    return entry_name
+
+
+class _Summaries:
+    """Tensor summary dicts of one call, filled in with a single host fetch."""
+    __slots__ = ("cache", "todo")
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.todo = []  # (summary dict, tensor, reductions)
+
+    def add(self, t, summary):
+        hit = self.cache.lookup(t)
+        if hit is not None:
+            summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = hit
+        else:
+            self.todo.append((summary, t, stats.reductions(t)))
+
+    def resolve(self):
+        if not self.todo:
+            return
+        values = stats.fetch([r for _, _, r in self.todo])
+        for (summary, t, _), v in zip(self.todo, values):
+            summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = v
+            self.cache.store(t, v)
+        self.todo = []
+
+
+class ApiCollector:
+    """The interceptor's handler for L1 dumping."""
+
+    def __init__(self, config, writer):
+        self.config = config
+        self.writer = writer
+        self.filter = CallFilter(config)
+        self.md5 = config.summary_mode == "md5"
+        self.save_tensors = config.task == "tensor"
+        self.stacks = StackTable()
+        self.cache = stats.SummaryCache()
+        self.counters = {}
+        self._failed = set()
+
+    def reset_step(self):
+        self.counters.clear()
+        self.stacks.clear()
+        self.cache.clear()
+        self.filter.reset()
+
+    # ---- the handler ------------------------------------------------------
+    def __call__(self, name, func, args, kwargs):
+        n = self.counters.get(name, 0)
+        self.counters[name] = n + 1
+        base = f"{name}.{n}"
+        if not self.filter.wants(base):
+            return func(*args, **kwargs)
+        try:
+            call = self._before(base, func, args, kwargs)
+        except Exception as exc:
+            self._fail(name, exc)
+            call = None
+        out = func(*args, **kwargs)
+        if call is not None:
+            try:
+                self._after(call, out)
+            except Exception as exc:
+                self._fail(name, exc)
+        return out
+
+    def _fail(self, name, exc):
+        if name not in self._failed:
+            self._failed.add(name)
+            log.warning("probe: dumping %s failed (%s: %s); the API's result is unaffected",
+                        name, type(exc).__name__, exc)
+
+    # ---- forward ------------------------------------------------------------
+    def _before(self, base, func, args, kwargs):
+        fwd = base + ".forward"
+        summaries = _Summaries(self.cache)
+        call = {"base": base, "summaries": summaries, "entry": {}, "grad": None}
+        flt = self.filter
+        if flt.forward and flt.inputs:
+            call["entry"]["input_args"] = [self._describe(a, summaries, f"{fwd}.input.{i}")
+                                           for i, a in enumerate(args)]
+            call["entry"]["input_kwargs"] = {k: self._describe(v, summaries, f"{fwd}.{k}")
+                                             for k, v in kwargs.items()}
+        if flt.forward:
+            self.stacks.capture(fwd, getattr(func, "__code__", None))
+        if flt.backward and torch.is_grad_enabled():
+            inputs = _flat_tensors(args, kwargs)
+            if any(t is not None and t.requires_grad for t in inputs):
+                call["grad"] = (grad_capture.edges_before(inputs), len(inputs))
+        return call
+
+    def _after(self, call, out):
+        base = call["base"]
+        flt = self.filter
+        summaries = call["summaries"]
+        entry = call["entry"]
+        if flt.forward and flt.outputs:
+            outs = out if isinstance(out, (tuple, list)) else [out]
+            entry["output"] = [self._describe(o, summaries, f"{base}.forward.output.{i}")
+                               for i, o in enumerate(outs)]
+        summaries.resolve()
+        if flt.forward:
+            self.writer.add_entry(base + ".forward", entry)
+        if call["grad"] is not None:
+            before, n_inputs = call["grad"]
+            outputs = _flat_outputs(out)
+            grad_capture.hook_call(before, outputs, n_inputs, self._grad_seen,
+                                   self._backward_done_fn(base))
+
+    def _summary(self, t, summaries):
+        s = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape),
+             "Max": None, "Min": None, "Mean": None, "Norm": None,
+             "requires_grad": t.requires_grad}
+        summaries.add(t, s)
+        if self.md5:
+            s["md5"] = stats.crc32(t)
+        return s
+
+    def _describe(self, v, summaries, file_stem):
+        if isinstance(v, torch.Tensor):
+            s = self._summary(v, summaries)
+            if self.save_tensors:
+                s["data_name"] = self._save(v, file_stem)
+            return s
+        if isinstance(v, (list, tuple)):
+            return [self._describe(x, summaries, f"{file_stem}.{i}") for i, x in enumerate(v)]
+        if isinstance(v, dict):
+            return {k: self._describe(x, summaries, f"{file_stem}.{k}") for k, x in v.items()}
+        return describe_value(v)
+
+    def _save(self, t, file_stem):
+        name = file_stem + ".npy"
+        self.writer.add_tensor(name, stats.host_copy(t))
+        return name
+
+    # ---- backward -----------------------------------------------------------
+    def _grad_seen(self, g):
+        """Summarise a gradient inside the backward pass, before autograd reuses its buffer."""
+        with guard():
+            summaries = _Summaries(self.cache)
+            s = self._summary(g, summaries)
+            summaries.resolve()
+            if self.save_tensors:
+                s["_tensor"] = stats.host_copy(g)
+            return s
+
+    def _backward_done_fn(self, base):
+        bwd = base + ".backward"
+
+        def on_done(out_grads, in_grads):
+            try:
+                entry = {}
+                flt = self.filter
+                if flt.inputs:
+                    entry["input"] = [self._finish_grad(g, f"{bwd}.input.{i}") for i, g in enumerate(out_grads)]
+                if flt.outputs:
+                    entry["output"] = [self._finish_grad(g, f"{bwd}.output.{i}") for i, g in enumerate(in_grads)]
+                self.writer.add_entry(bwd, entry)
+            except Exception as exc:
+                self._fail(base.rsplit(".", 1)[0], exc)
+        return on_done
+
+    def _finish_grad(self, summary, file_stem):
+        if summary is None:
+            return None
+        array = summary.pop("_tensor", None)
+        if array is not None:
+            name = file_stem + ".npy"
+            self.writer.add_tensor(name, array)
+            summary["data_name"] = name
+        return summary
+
+
+def _flat_tensors(args, kwargs):
+    """Positional args then kwargs, one slot each; a list/tuple argument yields its tensors."""
+    out = []
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            out.extend(x if isinstance(x, torch.Tensor) else None for x in a)
+        else:
+            out.append(a if isinstance(a, torch.Tensor) else None)
+    for v in kwargs.values():
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+    return out
+
+
+def _flat_outputs(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [o if isinstance(o, torch.Tensor) else None for o in out]
+    return []

@@ -1,0 +1,66 @@
+"""Call stacks of dumped APIs, captured cheaply and stored once per distinct stack.
+
+Formatting a traceback costs tens of microseconds; walking frames costs one. A stack is
+keyed by its (code object, line) pairs and formatted only the first time it is seen.
+Frames of probe itself, of torch's function-mode plumbing, and the API's own dispatch
+frame are left out, so the innermost frame is the line that called the API.
+"""
+import linecache
+import os
+import sys
+
+import torch
+
+_PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_PLUMBING = tuple(
+    os.path.join(os.path.dirname(torch.__file__), p)
+    for p in ("overrides.py", os.path.join("utils", "_python_dispatch.py"), os.path.join("utils", "_device.py")))
+
+
+def _is_plumbing(filename):
+    return filename.startswith(_PROBE_DIR) or filename.startswith(_TORCH_PLUMBING)
+
+
+class StackTable:
+    """Distinct stacks of a step: ``capture()`` returns a small int id."""
+
+    def __init__(self):
+        self._ids = {}        # key -> id
+        self.stacks = []      # id -> list of formatted frames, innermost first
+        self.names = []       # id -> entry names that share it
+
+    def clear(self):
+        self._ids.clear()
+        self.stacks = []
+        self.names = []
+
+    def capture(self, entry_name, api_code=None):
+        """Record the current stack for ``entry_name``; ``api_code`` is the API's own code object."""
+        f = sys._getframe(1)
+        while f is not None and _is_plumbing(f.f_code.co_filename):
+            f = f.f_back
+        if f is not None and f.f_code is api_code:
+            f = f.f_back
+        key = []
+        g = f
+        while g is not None:
+            key.append((g.f_code, g.f_lineno))
+            g = g.f_back
+        key = tuple(key)
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = len(self.stacks)
+            self._ids[key] = sid
+            self.stacks.append([_format(code, line) for code, line in key])
+            self.names.append([])
+        self.names[sid].append(entry_name)
+        return sid
+
+    def to_json(self):
+        """msprobe's grouped layout: {"0": [[names], [frames]], ...}."""
+        return {str(i): [self.names[i], self.stacks[i]] for i in range(len(self.stacks)) if self.names[i]}
+
+
+def _format(code, line):
+    src = linecache.getline(code.co_filename, line).strip()
+    return f"File {code.co_filename}, line {line}, in {code.co_name}, \n {src}"

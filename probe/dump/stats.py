@@ -1,0 +1,110 @@
+"""Tensor summaries: Max/Min/Mean/Norm (and the CRC32 "md5") of every dumped tensor.
+
+Reductions run in float32 or wider, so bf16/fp16 summaries are not rounded to the
+tensor's own precision. Each new tensor costs a few dispatcher calls; a tensor met
+again unchanged (the output of one API is the input of the next) is summarised once,
+recognised by identity and its version counter.
+
+On CUDA/NPU the scalars of one call are stacked on the device and fetched with a single
+host transfer (``fetch``), never one ``.item()`` per scalar.
+"""
+import weakref
+import zlib
+
+import torch
+
+_FLOAT_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+_NO_STATS = (None, None, None, None)
+
+
+def reductions(t):
+    """Start the reductions of ``t`` on its device; ``fetch`` turns them into numbers.
+
+    Returns None for tensors with nothing to reduce (empty, complex, meta).
+    """
+    if t.numel() == 0 or t.is_complex() or t.is_meta:
+        return None
+    dt = t.dtype
+    t = t.detach()
+    if dt.is_floating_point:
+        acc = _FLOAT_WIDE.get(dt, dt)
+        mn, mx = torch.aminmax(t)
+        s = torch.sum(t, dtype=acc)
+        n = torch.linalg.vector_norm(t, dtype=acc)
+    else:  # ints and bools: exact in float64
+        w = t.to(torch.float64)
+        mn, mx = torch.aminmax(w)
+        s = torch.sum(w)
+        n = torch.linalg.vector_norm(w)
+    return dt, t.numel(), (mx, mn, s, n)
+
+
+def fetch(pending):
+    """(Max, Min, Mean, Norm) for each result of ``reductions``, in one host transfer."""
+    scalars = [x for p in pending if p is not None for x in p[2]]
+    if not scalars:
+        return [_NO_STATS] * len(pending)
+    if scalars[0].device.type == "cpu":
+        values = [x.item() for x in scalars]  # no device sync on the CPU
+    else:
+        values = torch.stack([x.to(torch.float64) for x in scalars]).tolist()
+    out = []
+    k = 0
+    for p in pending:
+        if p is None:
+            out.append(_NO_STATS)
+            continue
+        dtype, numel = p[0], p[1]
+        mx, mn, s, n = values[k:k + 4]
+        k += 4
+        if dtype == torch.bool:
+            mx, mn = bool(mx), bool(mn)
+        elif not dtype.is_floating_point:
+            mx, mn = int(mx), int(mn)
+        out.append((mx, mn, s / numel, n))
+    return out
+
+
+def host_copy(t):
+    """A CPU numpy copy for a tensor file (numpy has no bfloat16: stored as float32)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.to("cpu", torch.float32)
+    else:
+        t = t.to("cpu", copy=True)
+    return t.resolve_conj().resolve_neg().numpy()
+
+
+def crc32(t):
+    """8-hex CRC32 of the tensor's bytes (msprobe's summary_mode "md5")."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    arr = t.cpu().contiguous().numpy()
+    return f"{zlib.crc32(arr) & 0xFFFFFFFF:08x}"
+
+
+class SummaryCache:
+    """Summaries of tensors already seen this step, keyed by identity and version.
+
+    Cleared at each step, so memory stays flat; a weakref proves the id was not reused.
+    """
+
+    def __init__(self):
+        self._entries = {}
+
+    def clear(self):
+        self._entries.clear()
+
+    def lookup(self, t):
+        hit = self._entries.get(id(t))
+        if hit is not None and hit[0]() is t and hit[1] == t._version:
+            return hit[2]
+        return None
+
+    def store(self, t, value):
+        try:
+            self._entries[id(t)] = (weakref.ref(t), t._version, value)
+        except TypeError:  # not weak-referenceable: just don't cache
+            pass
+

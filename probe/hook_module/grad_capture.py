@@ -1,0 +1,181 @@
+"""Gradients of one API call, w.r.t. its outputs and its inputs, caught without touching values.
+
+Wrapping inputs in an identity ``autograd.Function`` (what module backward hooks and
+msprobe do) changes the tensors the API receives: views of them can then no longer be
+modified in place ("a view created inside a custom Function"), which is why msprobe users
+delete ``transpose`` or ``__getitem__`` from its YAML. Here nothing is wrapped. After the
+call, the autograd nodes the call created are found by walking back from its outputs'
+``grad_fn`` until the edges that lead to its inputs; hooks on those nodes observe
+
+* grads w.r.t. the outputs: pre-hooks on the output nodes,
+* grads w.r.t. each input: post-hooks on the nodes with an edge into that input,
+  reported in argument order (msprobe reports autograd-node order).
+
+Hooks return None, so gradients are bitwise unchanged. A call's record is complete when
+every hooked node has run, or at the end of the backward pass for nodes that never run.
+"""
+import threading
+
+import torch
+
+_MAX_NODES = 256          # a walk that goes further has left the call's own subgraph
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+
+
+class PendingGrads:
+    """Grads gathered for one call while its backward runs."""
+    __slots__ = ("out_grads", "in_raw", "waiting", "done", "seen_grad", "on_done", "lock")
+
+    def __init__(self, n_out, n_in, waiting, seen_grad, on_done):
+        self.out_grads = [None] * n_out
+        self.in_raw = [None] * n_in   # summed over every edge into that input
+        self.waiting = waiting
+        self.done = False
+        self.seen_grad = seen_grad
+        self.on_done = on_done
+        self.lock = threading.Lock()
+
+    def add_input_grad(self, slots, grad):
+        for i in slots:
+            self.in_raw[i] = _add(self.in_raw[i], grad)
+
+    def node_ran(self):
+        with self.lock:
+            self.waiting -= 1
+            last = self.waiting == 0
+        if last:
+            self.finish()
+
+    def finish(self):
+        with self.lock:
+            if self.done:
+                return
+            self.done = True
+        seen = self.seen_grad
+        in_grads = [None if g is None else seen(g) for g in self.in_raw]
+        self.in_raw = None
+        self.on_done(self.out_grads, in_grads)
+
+
+def _add(a, b):
+    return b if a is None else a + b
+
+
+class _SeqFloor(threading.local):
+    # Highest autograd sequence number among nodes of earlier hooked calls: nodes at or
+    # below it existed before the current call, so a walk never needs to enter them.
+    value = -1
+
+
+_seq_floor = _SeqFloor()
+
+
+def edges_before(inputs):
+    """Edges of the inputs that require grad, taken before the call."""
+    edges = {}
+    leaves = {}
+    floor = _seq_floor.value
+    for i, t in enumerate(inputs):
+        if t is None or not t.requires_grad:
+            continue
+        fn = t.grad_fn
+        if fn is None:
+            leaves.setdefault(id(t), []).append(i)
+        else:
+            edges.setdefault((fn, t.output_nr), []).append(i)
+            seq = fn._sequence_nr()
+            if seq > floor:
+                floor = seq
+    return edges, leaves, floor
+
+
+def hook_call(before, outputs, n_inputs, seen_grad, on_done):
+    """Hook the nodes one call created. ``before`` comes from :func:`edges_before`.
+
+    ``seen_grad(grad)`` turns a gradient into what is kept (a summary, a CPU copy);
+    ``on_done(out_grads, in_grads)`` gets the kept values in output / argument order,
+    None where no gradient flowed. Returns the PendingGrads, or None when no output of
+    the call requires grad.
+    """
+    edges, leaves, floor = before
+    out_nodes = {}  # node -> [(output_nr, output index)]
+    for j, t in enumerate(outputs):
+        if t is not None and t.requires_grad:
+            fn = t.grad_fn
+            if fn is None:  # a leaf returned as is (e.g. x.float() on a float leaf)
+                continue
+            out_nodes.setdefault(fn, []).append((t.output_nr, j))
+    if not out_nodes:
+        return None
+    for fn in out_nodes:
+        seq = fn._sequence_nr()
+        if _seq_floor.value < seq < (1 << 63):
+            _seq_floor.value = seq
+
+    boundary = {}  # node -> [(position in next_functions, [input indices])]
+    passthrough = []  # (output index, [input indices]) for outputs that are an input unchanged
+    input_nodes = {node for node, _ in edges}
+    stack = []
+    seen = set()
+    for fn, outs in out_nodes.items():
+        for nr, j in outs:
+            slots = edges.get((fn, nr))
+            if slots is not None:
+                passthrough.append((j, slots))
+        if fn not in input_nodes:
+            stack.append(fn)
+            seen.add(fn)
+    while stack:
+        node = stack.pop()
+        for k, (nxt, nr) in enumerate(node.next_functions):
+            if nxt is None:
+                continue
+            slots = edges.get((nxt, nr))
+            if slots is None and leaves:
+                var = getattr(nxt, "variable", None)
+                if var is not None:
+                    slots = leaves.get(id(var))
+            if slots is not None:
+                boundary.setdefault(node, []).append((k, slots))
+                continue
+            if nxt in seen or nxt._sequence_nr() <= floor or not hasattr(nxt, "next_functions"):
+                continue
+            if len(seen) >= _MAX_NODES:
+                return None
+            seen.add(nxt)
+            stack.append(nxt)
+
+    pending = PendingGrads(len(outputs), n_inputs, len(boundary), seen_grad, on_done)
+    queued = []
+
+    def ensure_finish_queued():
+        # Nodes that never run (no gradient reached them) must not hold the record back.
+        if not queued:
+            queued.append(True)
+            try:
+                _queue_callback(pending.finish)
+            except RuntimeError:  # not inside a backward pass
+                pass
+
+    for fn, outs in out_nodes.items():
+        def pre_hook(grad_outputs, outs=outs):
+            ensure_finish_queued()
+            for nr, j in outs:
+                g = grad_outputs[nr]
+                if g is not None:
+                    pending.out_grads[j] = seen_grad(g)
+                    for jj, slots in passthrough:
+                        if jj == j:
+                            pending.add_input_grad(slots, g)
+        fn.register_prehook(pre_hook)
+
+    for node, links in boundary.items():
+        def post_hook(grad_inputs, grad_outputs, links=links):
+            ensure_finish_queued()
+            for k, slots in links:
+                g = grad_inputs[k]
+                if g is not None:
+                    pending.add_input_grad(slots, g)
+            pending.node_ran()
+        node.register_hook(post_hook)
+    return pending

@@ -1,0 +1,139 @@
+"""Which APIs are dumped: ``support_wrap_ops.yaml`` loaded, checked and resolved.
+
+The YAML has one list of names per section (``functional``, ``tensor``, ``torch``,
+``torch_npu``, ``distributed``, ``_VF``, ``aten``). Resolving turns the names into the
+objects the interceptor meets at call time, once, at ``start()``:
+
+    >>> reg = resolve(load_registry())
+    >>> reg.by_func[torch.nn.functional.relu]
+    'Functional.relu'
+
+Deleting a line from the YAML stops that API being dumped and changes nothing else.
+"""
+import os
+from dataclasses import dataclass, field
+
+import yaml
+
+from probe.errors import ConfigError
+
+DEFAULT_YAML = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support_wrap_ops.yaml")
+
+# section -> entry-name prefix, as msprobe names them
+SECTION_PREFIX = {
+    "functional": "Functional",
+    "tensor": "Tensor",
+    "torch": "Torch",
+    "torch_npu": "NPU",
+    "distributed": "Distributed",
+    "_VF": "VF",
+    "aten": "Aten",
+}
+
+# When one function object is listed in several sections (F.conv2d is torch.conv2d),
+# the first section here names it: modules call the functional form.
+_MODE_PRIORITY = ("functional", "torch", "_VF")
+
+
+@dataclass
+class Registry:
+    """The YAML as loaded: section -> API names, in file order."""
+    path: str
+    ops: dict
+
+
+@dataclass
+class ResolvedRegistry:
+    """Registry entries turned into what the interceptor needs on the hot path."""
+    by_func: dict = field(default_factory=dict)     # object the function mode sees -> "Prefix.name"
+    dunders: dict = field(default_factory=dict)     # torch.Tensor dunder attr -> "Tensor.__add__"
+    patched: list = field(default_factory=list)     # (owner object, attr, "Prefix.name") to patch
+    aten: frozenset = frozenset()                   # aten op names ("mm", "add") for L2
+    absent: list = field(default_factory=list)      # "section.name" not present in this torch
+
+
+def load_registry(path=None):
+    """Load and check the YAML; any problem is a one-line ConfigError naming the file."""
+    path = path or DEFAULT_YAML
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"wrap_ops_yaml: file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: malformed YAML{where}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of section -> list of API names")
+    ops = {}
+    for section, names in data.items():
+        if section not in SECTION_PREFIX:
+            raise ConfigError(f"{path}: unknown section {section!r}; allowed: {', '.join(SECTION_PREFIX)}")
+        names = names or []
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ConfigError(f"{path}: section {section!r} must be a list of API names")
+        ops[section] = list(dict.fromkeys(names))
+    return Registry(path=path, ops=ops)
+
+
+def _section_owner(section):
+    """The object whose attributes a section names, or None when not installed."""
+    import torch
+    if section == "functional":
+        return torch.nn.functional
+    if section == "tensor":
+        return torch.Tensor
+    if section == "torch":
+        return torch
+    if section == "_VF":
+        return torch._VF
+    if section == "distributed":
+        import torch.distributed as dist
+        return dist if dist.is_available() else None
+    if section == "torch_npu":
+        try:
+            import torch_npu  # optional, only on Ascend machines
+        except ImportError:
+            return None
+        return torch_npu
+    return None
+
+
+def _lookup(owner, name):
+    """``owner.name``; dotted names (msprobe lists ``linalg.norm`` under torch) walk submodules."""
+    obj = owner
+    for part in name.split("."):
+        if obj is None:
+            return None
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def resolve(registry):
+    """Map registry names to the objects met at call time; unknown names go to ``absent``."""
+    out = ResolvedRegistry()
+    ops = registry.ops
+    out.aten = frozenset(ops.get("aten", ()))
+    for section in _MODE_PRIORITY + ("tensor", "distributed", "torch_npu"):
+        names = ops.get(section)
+        if not names:
+            continue
+        owner = _section_owner(section)
+        prefix = SECTION_PREFIX[section]
+        for name in names:
+            obj = _lookup(owner, name)
+            if obj is None or not callable(obj):
+                out.absent.append(f"{section}.{name}")
+                continue
+            full = f"{prefix}.{name}"
+            if section == "tensor" and name.startswith("__") and name.endswith("__"):
+                # Operators reach a function mode as the method they implement
+                # (a + b arrives as Tensor.add), so dunders are patched to keep their names.
+                out.dunders[name] = full
+            elif section in ("distributed", "torch_npu"):
+                # Plain Python / vendor functions a function mode may not see.
+                out.patched.append((owner, name, full))
+            else:
+                out.by_func.setdefault(obj, full)
+    return out
