@@ -133,7 +133,9 @@ def resolve(registry):
                 out.dunders[name] = full
             elif section in ("distributed", "torch_npu"):
                 # Plain Python / vendor functions a function mode may not see.
-                out.patched.append((owner, name, full))
+                # A dotted name (torch_npu's atb.npu_x) is patched on its own submodule.
+                parent, _, attr = name.rpartition(".")
+                out.patched.append((_lookup(owner, parent) if parent else owner, attr, full))
             else:
                 out.by_func.setdefault(obj, full)
     return out
