@@ -1,0 +1,10 @@
+"""Compare an NPU dump with a bench dump (this project's or msprobe's) into an Excel report.
+
+Reads dump files only; never imports the dump side.  Modules, in data-flow order:
+reader (stream dump.json) -> rows (flatten entries) -> match (pair rows) -> metrics /
+tensors (numbers) -> verdict (pass/warning/error) -> engine (runs one compare) ->
+report / xlsx (files) ; api and cli are the entry points, layout finds dump trees.
+"""
+from .api import compare, compare_distributed
+
+__all__ = ["compare", "compare_distributed"]

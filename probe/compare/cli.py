@@ -1,0 +1,49 @@
+"""``probe compare``: msprobe's ``-i compare.json`` form, or ``--npu/--bench`` paths."""
+from __future__ import annotations
+
+import json
+import os
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("-i", "--input_path", help="compare.json with npu_json_path, bench_json_path "
+                        "(and stack_json_path); msprobe's npu_path/bench_path also accepted")
+    parser.add_argument("--npu", help="NPU side: a dump.json, a rank dir or a dump root")
+    parser.add_argument("--bench", help="bench side: a dump.json, a rank dir or a dump root")
+    parser.add_argument("-o", "--output_path", required=True, help="folder for the results")
+    parser.add_argument("-s", "--stack_mode", action="store_true", help="add NPU_Stack_Info")
+    parser.add_argument("-f", "--fuzzy_match", action="store_true",
+                        help="ignore call counters, pair calls of each API by order")
+
+
+def run(args) -> int:
+    from .api import compare, compare_distributed
+    kw = {"stack_mode": args.stack_mode, "fuzzy_match": args.fuzzy_match}
+    if args.input_path:
+        if not os.path.isfile(args.input_path):
+            raise FileNotFoundError(f"compare.json not found: {args.input_path}")
+        try:
+            with open(args.input_path, encoding="utf-8") as fh:
+                param = json.load(fh)
+        except ValueError as exc:
+            raise ValueError(f"{args.input_path} is not valid JSON: {exc}") from None
+        npu = param.get("npu_json_path") or param.get("npu_path")
+        bench = param.get("bench_json_path") or param.get("bench_path")
+        if npu and bench and os.path.isdir(npu) and os.path.isdir(bench):
+            paths = compare_distributed(npu, bench, args.output_path, **kw)
+        else:
+            paths = compare(param, args.output_path, **kw)
+    elif args.npu and args.bench:
+        for p in (args.npu, args.bench):
+            if not os.path.exists(p):
+                raise FileNotFoundError(f"no such dump: {p}")
+        if os.path.isfile(args.npu) and os.path.isfile(args.bench):
+            paths = compare({"npu_json_path": args.npu, "bench_json_path": args.bench,
+                             "is_print_compare_log": True}, args.output_path, **kw)
+        else:
+            paths = compare_distributed(args.npu, args.bench, args.output_path, **kw)
+    else:
+        raise ValueError("give -i compare.json, or --npu PATH and --bench PATH")
+    for p in paths:
+        print(p)
+    return 0

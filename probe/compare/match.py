@@ -1,0 +1,90 @@
+"""Pair NPU rows with bench rows: rows in, pairs out.
+
+Kept apart from everything else so that a smarter aligner (sequence alignment,
+first-divergence search) can replace it behind the same interface.
+
+- exact: same row name.
+- fuzzy: the call counter is ignored; the k-th call of an API on one side pairs with
+  the k-th call of the same API (same direction, same argument path) on the other.
+  One extra call on one side then shifts only that API's pairs, not every counter.
+
+Rows present on one side only are kept as pairs with the other side ``None``; bench-only
+rows are placed right after the NPU row that precedes them in bench order.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .rows import Row
+
+# Functional.linear.3.forward -> counter "3"; Module.a.Linear.forward.0 -> "0";
+# Module.a.Linear.parameters_grad[.0]
+_API = re.compile(r"^(?P<api>.+?)\.(?P<n>\d+)\.(?P<dir>forward|backward)$")
+_MODULE = re.compile(r"^(?P<api>Module\..+?)\.(?P<dir>forward|backward|parameters_grad)(?:\.(?P<n>\d+))?$")
+
+
+@dataclass(slots=True)
+class Pair:
+    npu: Row | None
+    bench: Row | None
+
+
+def entry_key(entry: str) -> str:
+    """The entry name with its call counter removed (``Functional.linear.forward``)."""
+    m = _MODULE.match(entry) or _API.match(entry)
+    if not m:
+        return entry
+    return f"{m.group('api')}.{m.group('dir')}"
+
+
+def _fuzzy_keys(rows: list[Row]) -> list[tuple]:
+    """(api without counter, occurrence index of that api, argument path) per row."""
+    seen: dict[str, int] = {}
+    current: dict[str, int] = {}
+    keys = []
+    for row in rows:
+        if row.entry not in current:
+            k = entry_key(row.entry)
+            current[row.entry] = seen.get(k, 0)
+            seen[k] = current[row.entry] + 1
+        suffix = row.name[len(row.entry):]
+        keys.append((entry_key(row.entry), current[row.entry], suffix))
+    return keys
+
+
+def match(npu: list[Row], bench: list[Row], fuzzy: bool = False) -> list[Pair]:
+    """Pair the two sides' rows; every row of either side appears in exactly one pair."""
+    if fuzzy:
+        npu_keys, bench_keys = _fuzzy_keys(npu), _fuzzy_keys(bench)
+    else:
+        npu_keys = [r.name for r in npu]
+        bench_keys = [r.name for r in bench]
+    bench_index: dict = {}
+    for i, k in enumerate(bench_keys):
+        bench_index.setdefault(k, i)
+    used = [False] * len(bench)
+    npu_to_bench = []
+    for k in npu_keys:
+        j = bench_index.get(k)
+        if j is not None and not used[j]:
+            used[j] = True
+            npu_to_bench.append(j)
+        else:
+            npu_to_bench.append(None)
+    # bench-only rows go after the NPU pair whose bench row precedes them
+    after: dict[int, list[int]] = {}
+    last_matched = -1
+    bench_to_npu = {j: i for i, j in enumerate(npu_to_bench) if j is not None}
+    for j in range(len(bench)):
+        if used[j]:
+            last_matched = bench_to_npu[j]
+        else:
+            after.setdefault(last_matched, []).append(j)
+    pairs = [Pair(None, bench[j]) for j in after.get(-1, ())]
+    for i, row in enumerate(npu):
+        j = npu_to_bench[i]
+        pairs.append(Pair(row, bench[j] if j is not None else None))
+        for jj in after.get(i, ()):
+            pairs.append(Pair(None, bench[jj]))
+    return pairs

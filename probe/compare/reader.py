@@ -1,0 +1,149 @@
+"""Stream a dump.json entry by entry.
+
+A dump of a long run can hold hundreds of thousands of entries; the compare holds
+both sides' flattened rows, so the raw JSON must not be held too.  The top-level
+object is walked key by key and each entry of ``data`` is decoded on its own with
+``raw_decode`` (which accepts msprobe's bare NaN/Infinity tokens).  A file cut off
+mid-write (a run killed mid-step) yields every complete entry and records where it
+stopped instead of failing.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+_CHUNK = 1 << 22
+_WS = " \t\r\n"
+
+
+@dataclass
+class DumpMeta:
+    """Top-level fields of dump.json, plus what went wrong reading it."""
+    path: str
+    task: str | None = None
+    level: str | None = None
+    framework: str | None = None
+    dump_data_dir: str | None = None
+    entries: int = 0
+    truncated: bool = False
+    problems: list = field(default_factory=list)
+
+
+class _Buffer:
+    """A sliding text window over a file, refilled on demand."""
+
+    def __init__(self, fh):
+        self.fh, self.text, self.pos, self.eof = fh, "", 0, False
+
+    def fill(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self.fh.read(_CHUNK)
+        if not chunk:
+            self.eof = True
+            return False
+        self.text = self.text[self.pos:] + chunk
+        self.pos = 0
+        return True
+
+    def skip_ws(self) -> str | None:
+        """Advance past whitespace; return the next character (None at end of file)."""
+        while True:
+            text, pos = self.text, self.pos
+            while pos < len(text) and text[pos] in _WS:
+                pos += 1
+            self.pos = pos
+            if pos < len(text):
+                return text[pos]
+            if not self.fill():
+                return None
+
+    def decode(self, decoder):
+        """Decode one JSON value at the cursor, reading more until it is complete."""
+        self.skip_ws()
+        while True:
+            try:
+                value, end = decoder.raw_decode(self.text, self.pos)
+            except json.JSONDecodeError:
+                if self.fill():
+                    continue
+                raise
+            # A number at the very end of the window may continue in the next chunk.
+            if end >= len(self.text) and not self.eof and self.fill():
+                continue
+            self.pos = end
+            return value
+
+
+def read_dump(path: str, meta: DumpMeta | None = None):
+    """Yield ``(entry_name, entry)`` from dump.json in file order.
+
+    ``meta`` (filled as reading goes) gets task/level and any truncation.  Raises
+    FileNotFoundError if the file is missing and ValueError if it is not a dump.json
+    at all; damage after the first entry is reported in ``meta.problems``.
+    """
+    meta = meta if meta is not None else DumpMeta(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"dump.json not found: {path}")
+    decoder = json.JSONDecoder()
+    with open(path, "r", encoding="utf-8") as fh:
+        buf = _Buffer(fh)
+        if buf.skip_ws() != "{":
+            raise ValueError(f"not a dump.json (no JSON object): {path}")
+        buf.pos += 1
+        try:
+            while True:
+                ch = buf.skip_ws()
+                if ch == ",":
+                    buf.pos += 1
+                    ch = buf.skip_ws()
+                if ch == "}":
+                    return
+                if ch is None:
+                    raise json.JSONDecodeError("unexpected end of file", buf.text, buf.pos)
+                key = buf.decode(decoder)
+                if buf.skip_ws() != ":":
+                    raise json.JSONDecodeError("expected ':'", buf.text, buf.pos)
+                buf.pos += 1
+                if key == "data" and buf.skip_ws() == "{":
+                    buf.pos += 1
+                    yield from _entries(buf, decoder, meta)
+                else:
+                    value = buf.decode(decoder)
+                    if key in ("task", "level", "framework", "dump_data_dir"):
+                        setattr(meta, key, value)
+        except json.JSONDecodeError as exc:
+            meta.truncated = True
+            meta.problems.append(
+                f"{path}: dump.json is truncated or damaged after {meta.entries} entries "
+                f"({exc.msg}); compared what was complete")
+
+
+def _entries(buf, decoder, meta):
+    while True:
+        ch = buf.skip_ws()
+        if ch == ",":
+            buf.pos += 1
+            ch = buf.skip_ws()
+        if ch == "}":
+            buf.pos += 1
+            return
+        if ch is None:
+            raise json.JSONDecodeError("unexpected end of file", buf.text, buf.pos)
+        name = buf.decode(decoder)
+        if buf.skip_ws() != ":":
+            raise json.JSONDecodeError("expected ':'", buf.text, buf.pos)
+        buf.pos += 1
+        entry = buf.decode(decoder)
+        meta.entries += 1
+        yield name, entry
+
+
+def read_meta(path: str) -> DumpMeta:
+    """Task/level of a dump without flattening it (reads the whole file once)."""
+    meta = DumpMeta(path)
+    for _ in read_dump(path, meta):
+        if meta.task is not None and meta.level is not None:
+            break
+    return meta

@@ -1,0 +1,100 @@
+"""Flatten dump.json entries into one row per tensor (or argument), msprobe's naming.
+
+Row names are the entry name plus ``.input.{i}`` / ``.input.{kwarg}`` /
+``.output.{i}`` / ``.parameters.{name}``, nested lists adding ``.{j}``; parameter
+gradients (``...parameters_grad[.N]``) add ``.{param name}``.  Within an entry the rows
+come inputs, parameters, outputs: msprobe's order, so its users read the same table.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+_IO_KEYS = (("input_args", "input"), ("input_kwargs", "input"), ("input", "input"),
+            ("parameters", "parameters"), ("output", "output"))
+_ORDER = {"input": 0, "parameters": 1, "output": 2, "parameters_grad": 3}
+_NAN = float("nan")
+
+
+@dataclass(slots=True)
+class Row:
+    """One comparable item of one side."""
+    name: str
+    entry: str
+    io: str                 # input / parameters / output / parameters_grad
+    kind: str               # tensor / value / none
+    dtype: str | None = None
+    shape: tuple | None = None
+    stats: tuple = (_NAN, _NAN, _NAN, _NAN)   # Max, Min, Mean, Norm
+    requires_grad: bool | None = None
+    md5: str | None = None
+    data_name: str | None = None
+    value: object = None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape) if self.shape is not None else 0
+
+
+def _num(x) -> float:
+    if isinstance(x, bool):
+        return float(x)
+    if isinstance(x, (int, float)):
+        return float(x)
+    return _NAN
+
+
+def _leaf(name, entry, io, data) -> Row:
+    kind_type = data.get("type")
+    if kind_type in ("torch.Tensor", "numpy.ndarray") or "dtype" in data and "shape" in data:
+        return Row(name, entry, io, "tensor", str(data.get("dtype")), tuple(data.get("shape") or ()),
+                   (_num(data.get("Max")), _num(data.get("Min")), _num(data.get("Mean")),
+                    _num(data.get("Norm"))),
+                   data.get("requires_grad"), data.get("md5"), data.get("data_name") or None)
+    value = data.get("value")
+    if kind_type in ("int", "float", "bool", "str") or kind_type is None:
+        dtype = f"<class '{type(value).__name__}'>"
+    else:
+        dtype = str(kind_type)
+    v = _num(value)
+    return Row(name, entry, io, "value", dtype, (), (v, v, v, v), None, None, None, value)
+
+
+def _walk(name, entry, io, data, out, index_lists=True):
+    if data is None:
+        out.append(Row(name, entry, io, "none"))
+    elif isinstance(data, list):
+        for i, item in enumerate(data):
+            _walk(f"{name}.{i}" if index_lists else name, entry, io, item, out, index_lists)
+    elif isinstance(data, dict):
+        if isinstance(data.get("type"), str):
+            out.append(_leaf(name, entry, io, data))
+        else:
+            for key, item in data.items():
+                _walk(f"{name}.{key}", entry, io, item, out, index_lists)
+
+
+def flatten(entry_name: str, entry) -> list[Row]:
+    """All rows of one dump.json entry, in msprobe's row order."""
+    out: list[Row] = []
+    if not isinstance(entry, dict):
+        return out
+    parts = entry_name.split(".")
+    if parts[-1] == "parameters_grad" or (len(parts) > 1 and parts[-2] == "parameters_grad"):
+        for key, item in entry.items():
+            _walk(f"{entry_name}.{key}", entry_name, "parameters_grad", item, out, index_lists=False)
+        return out
+    for key, io in _IO_KEYS:
+        if key in entry:
+            _walk(f"{entry_name}.{io}", entry_name, io, entry[key], out)
+    if any(r.io == "parameters" for r in out):
+        out.sort(key=lambda r: _ORDER[r.io])   # stable: keeps order within each group
+    return out
+
+
+def direction(entry_name: str) -> str:
+    """forward / backward / parameters_grad / '' from an entry name."""
+    for part in reversed(entry_name.split(".")):
+        if part in ("forward", "backward", "parameters_grad"):
+            return part
+    return ""

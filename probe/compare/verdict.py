@@ -1,0 +1,109 @@
+"""pass / warning / error for one row, with the reason in words.
+
+Tolerance follows the coarser dtype of the pair, and of everything computed before it:
+once a run has gone through bf16, the fp32 tensors downstream carry bf16-sized error,
+so judging them at fp32 tolerance would flag every row after the first bf16 op.
+An element is within tolerance when |npu - bench| <= rtol * max(|bench|, RMS(bench), floor):
+small values (cancellation) are judged by absolute error against the tensor's scale.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# rtol: a few roundings of the dtype (spacing at 1.0: bf16 2^-7, fp16 2^-10, fp32 2^-23),
+# widened for fp32 because reductions in a different order differ by sqrt(K) roundings.
+# floor: below this |bench| relative error is meaningless.
+# cosine: below cos_warn -> warning, below cos_err -> error.
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    name: str
+    rtol: float
+    floor: float
+    cos_warn: float
+    cos_err: float
+
+
+TOLERANCES = {
+    "bfloat16": Tolerance("bfloat16", 1.6e-2, 1e-3, 0.999, 0.99),
+    "float16": Tolerance("float16", 2e-3, 1e-3, 0.9999, 0.999),
+    "float32": Tolerance("float32", 1e-4, 1e-6, 0.99999, 0.9999),
+    "float64": Tolerance("float64", 1e-9, 1e-12, 0.9999999, 0.99999),
+}
+ERROR_FACTOR = 10.0     # beyond 10x the tolerance is an error, between 1x and 10x a warning
+_RANK = {"bfloat16": 0, "float16": 1, "float32": 2, "float64": 3}
+_FLOAT_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "half": "float16",
+                  "fp16": "float16", "float32": "float32", "float": "float32", "fp32": "float32",
+                  "float64": "float64", "double": "float64", "fp64": "float64"}
+_EXACT = {"bool", "uint8", "int8", "int16", "int32", "int64", "long", "int", "short"}
+
+
+def dtype_class(dtype: str | None) -> str | None:
+    """'bfloat16'/'float16'/'float32'/'float64', 'exact' for ints and bools, else None."""
+    if not dtype:
+        return None
+    base = dtype.rsplit(".", 1)[-1]
+    if base in _FLOAT_ALIASES:
+        return _FLOAT_ALIASES[base]
+    if base in _EXACT:
+        return "exact"
+    return None
+
+
+def coarser(a: str | None, b: str | None) -> str | None:
+    """The less precise of two float classes (None/exact ignored)."""
+    ra, rb = _RANK.get(a), _RANK.get(b)
+    if ra is None:
+        return b if rb is not None else None
+    if rb is None:
+        return a
+    return a if ra <= rb else b
+
+
+def comparable(npu_dtype: str | None, bench_dtype: str | None) -> bool:
+    """fp16/bf16/fp32/fp64 compare with each other; ints/bools only with ints/bools."""
+    ca, cb = dtype_class(npu_dtype), dtype_class(bench_dtype)
+    if ca in _RANK and cb in _RANK:
+        return True
+    if ca == "exact" and cb == "exact":
+        return (npu_dtype.endswith("bool")) == (bench_dtype.endswith("bool"))
+    return npu_dtype == bench_dtype
+
+
+class Verdict:
+    """Collects failed criteria for one row; the worst level wins."""
+    __slots__ = ("level", "messages")
+    _ORDER = {"pass": 0, "warning": 1, "error": 2}
+
+    def __init__(self):
+        self.level, self.messages = "pass", []
+
+    def add(self, level: str, message: str):
+        if self._ORDER[level] > self._ORDER[self.level]:
+            self.level = level
+        self.messages.append(f"{level}: {message}" if level != "pass" else message)
+
+    def text(self) -> str:
+        return "; ".join(self.messages)
+
+
+def judge_ratio(v: Verdict, ratio: float, tol: Tolerance, what: str):
+    """Apply the tolerance-ratio criterion (worst |err| / tolerance)."""
+    if ratio is None or math.isnan(ratio):
+        return
+    if ratio > ERROR_FACTOR:
+        v.add("error", f"{what} {ratio:.3g}x the {tol.name} tolerance (rtol {tol.rtol:g}), "
+                       f"more than {ERROR_FACTOR:g}x")
+    elif ratio > 1.0:
+        v.add("warning", f"{what} {ratio:.3g}x the {tol.name} tolerance (rtol {tol.rtol:g})")
+
+
+def judge_cosine(v: Verdict, cosine: float, tol: Tolerance):
+    if math.isnan(cosine):
+        return
+    if cosine < tol.cos_err:
+        v.add("error", f"cosine {cosine:.6f} < {tol.cos_err} ({tol.name} error threshold)")
+    elif cosine < tol.cos_warn:
+        v.add("warning", f"cosine {cosine:.6f} < {tol.cos_warn} ({tol.name} warning threshold)")
