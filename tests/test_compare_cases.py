@@ -1,0 +1,274 @@
+"""Edge cases on small synthetic dumps: dtypes, shapes, NaN/Inf, bad input, the xlsx."""
+import json
+import math
+import os
+
+import numpy as np
+import openpyxl
+import pandas as pd
+import pytest
+
+from probe.compare import compare, compare_distributed
+from probe.compare.engine import compare_dumps
+from probe.compare.metrics import tensor_metrics
+from probe.compare.reader import DumpMeta, read_dump
+
+
+def _summary(arr, dtype):
+    a = np.asarray(arr, dtype=np.float64)
+    d = {"type": "torch.Tensor", "dtype": dtype, "shape": list(np.shape(arr)), "requires_grad": False}
+    if a.size:
+        d.update(Max=float(a.max()), Min=float(a.min()), Mean=float(a.mean()),
+                 Norm=float(np.sqrt((a * a).sum())))
+    return d
+
+
+def write_dump(root, tensors, dtypes=None, task="tensor", level="L1", extra_entries=None):
+    """tensors: {entry: [array, ...]} as outputs; saved as .npy in dump_tensor_data."""
+    rank = os.path.join(root, "step0", "rank")
+    data_dir = os.path.join(rank, "dump_tensor_data")
+    os.makedirs(data_dir, exist_ok=True)
+    data = {}
+    for entry, arrays in tensors.items():
+        outs = []
+        for i, arr in enumerate(arrays):
+            dtype = (dtypes or {}).get((entry, i), "torch.float32")
+            s = _summary(arr, dtype)
+            if task == "tensor":
+                s["data_name"] = f"{entry}.output.{i}.npy"
+                np.save(os.path.join(data_dir, s["data_name"]), np.asarray(arr))
+            outs.append(s)
+        data[entry] = {"input_args": [], "input_kwargs": {}, "output": outs}
+    data.update(extra_entries or {})
+    path = os.path.join(rank, "dump.json")
+    with open(path, "w") as fh:
+        json.dump({"task": task, "level": level, "framework": "pytorch", "dump_data_dir": None,
+                   "data": data}, fh)
+    return path
+
+
+def run(tmp_path, npu, bench, **kw):
+    npu_dtypes, bench_dtypes = kw.pop("npu_dtypes", None), kw.pop("bench_dtypes", None)
+    a = write_dump(str(tmp_path / "npu"), npu, npu_dtypes, **kw)
+    b = write_dump(str(tmp_path / "bench"), bench, bench_dtypes)
+    r = compare_dumps(a, b, progress=False, workers=1)
+    return pd.DataFrame(r.columns).set_index("NPU Name", drop=False), r
+
+
+rng = np.random.default_rng(0)
+X = rng.standard_normal((16, 16)).astype(np.float32)
+
+
+def test_bf16_rounding_passes_and_bigger_error_fails(tmp_path):
+    bf16_like = (X.view(np.uint32) & 0xFFFF0000).view(np.float32)     # truncated to bf16
+    wrong = X * 1.05
+    df, _ = run(tmp_path, {"A.op.0.forward": [bf16_like, wrong]}, {"A.op.0.forward": [X, X]},
+                npu_dtypes={("A.op.0.forward", 0): "torch.bfloat16",
+                            ("A.op.0.forward", 1): "torch.bfloat16"})
+    ok = df.loc["A.op.0.forward.output.0"]
+    assert ok["Result"] == "pass" and ok["Tolerance Dtype"] == "bfloat16", ok["Err_message"]
+    bad = df.loc["A.op.0.forward.output.1"]
+    assert bad["Result"] in ("warning", "error") and "tolerance" in bad["Err_message"]
+
+
+def test_same_error_fails_at_fp32_tolerance(tmp_path):
+    bf16_like = (X.view(np.uint32) & 0xFFFF0000).view(np.float32)
+    df, _ = run(tmp_path, {"A.op.0.forward": [bf16_like]}, {"A.op.0.forward": [X]})
+    row = df.loc["A.op.0.forward.output.0"]
+    assert row["Tolerance Dtype"] == "float32" and row["Result"] == "error"
+    assert "float32 tolerance" in row["Err_message"]
+
+
+def test_ints_and_bools_are_exact(tmp_path):
+    i = np.arange(10, dtype=np.int64)
+    j = i.copy(); j[3] = 4
+    b = np.array([True, False, True])
+    dtypes = {("A.op.0.forward", 0): "torch.int64", ("A.op.0.forward", 1): "torch.int64",
+              ("A.op.0.forward", 2): "torch.bool", ("A.op.0.forward", 3): "torch.bool"}
+    df, _ = run(tmp_path, {"A.op.0.forward": [i, j, b, ~b]}, {"A.op.0.forward": [i, i, b, b]},
+                npu_dtypes=dtypes, bench_dtypes=dtypes)
+    assert df.loc["A.op.0.forward.output.0", "Result"] == "pass"
+    row = df.loc["A.op.0.forward.output.1"]
+    assert row["Result"] == "error" and "1 of 10 elements differ" in row["Err_message"]
+    assert df.loc["A.op.0.forward.output.2", "Result"] == "pass"
+    assert df.loc["A.op.0.forward.output.3", "Result"] == "error"
+
+
+def test_int_vs_float_dtype_is_an_error(tmp_path):
+    i = np.arange(4, dtype=np.int64)
+    df, _ = run(tmp_path, {"A.op.0.forward": [i]}, {"A.op.0.forward": [i.astype(np.float32)]},
+                npu_dtypes={("A.op.0.forward", 0): "torch.int64"})
+    row = df.loc["A.op.0.forward.output.0"]
+    assert row["Result"] == "error" and "not comparable" in row["Err_message"]
+
+
+def test_empty_and_zero_d_tensors(tmp_path):
+    e = np.zeros((0, 3), np.float32)
+    s = np.array(2.0, np.float32)
+    df, _ = run(tmp_path, {"A.op.0.forward": [e, s]}, {"A.op.0.forward": [e, np.array(2.001, np.float32)]})
+    empty = df.loc["A.op.0.forward.output.0"]
+    assert empty["Result"] == "pass" and "empty tensor" in empty["Err_message"]
+    zero_d = df.loc["A.op.0.forward.output.1"]
+    assert pd.isna(zero_d["Cosine"]) and "0-d" in zero_d["Err_message"]
+    assert math.isclose(zero_d["MaxAbsErr"], 1e-3, rel_tol=1e-2)
+    assert zero_d["Result"] == "warning"        # 5e-4 relative: 5x the fp32 tolerance
+
+
+def test_all_zero_tensors(tmp_path):
+    z = np.zeros((4, 4), np.float32)
+    df, _ = run(tmp_path, {"A.op.0.forward": [z, z]}, {"A.op.0.forward": [z, X[:4, :4]]})
+    both = df.loc["A.op.0.forward.output.0"]
+    assert both["Result"] == "pass" and "both sides are all zeros" in both["Err_message"]
+    one = df.loc["A.op.0.forward.output.1"]
+    assert one["Result"] == "error" and "NPU is all zeros" in one["Err_message"]
+
+
+def test_nan_inf_positions(tmp_path):
+    a = X.copy(); a[0, 0] = np.nan; a[1, 1] = np.inf
+    moved = X.copy(); moved[0, 1] = np.nan; moved[1, 1] = np.inf
+    df, _ = run(tmp_path, {"A.op.0.forward": [a, a]}, {"A.op.0.forward": [a.copy(), moved]})
+    same = df.loc["A.op.0.forward.output.0"]
+    assert same["Result"] == "warning" and "same 2 positions" in same["Err_message"]
+    assert same["Cosine"] == pytest.approx(1.0)
+    diff = df.loc["A.op.0.forward.output.1"]
+    assert diff["Result"] == "error" and "different positions" in diff["Err_message"]
+
+
+def test_shape_mismatch_is_an_error_row_without_metrics(tmp_path):
+    df, _ = run(tmp_path, {"A.op.0.forward": [X]}, {"A.op.0.forward": [X[:8]]})
+    row = df.loc["A.op.0.forward.output.0"]
+    assert row["Result"] == "error" and "shape differs" in row["Err_message"]
+    assert pd.isna(row["Cosine"]) and pd.isna(row["MaxAbsErr"])
+
+
+def test_metrics_values():
+    a = np.array([1.0, 2.0, 3.0, 0.0])
+    b = np.array([1.0, 2.004, 3.0, 0.0])
+    m = tensor_metrics(a, b, 1e-4, 1e-6)
+    assert m.max_abs == pytest.approx(0.004)
+    assert m.max_rel == pytest.approx(0.004 / 2.004)
+    assert m.one_thousandth == pytest.approx(0.75) and m.five_thousandths == 1.0
+    assert m.cosine == pytest.approx(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b))
+    assert m.euc_dist == pytest.approx(0.004)
+
+
+def test_missing_tensor_file_marks_the_row(tmp_path):
+    a = write_dump(str(tmp_path / "npu"), {"A.op.0.forward": [X, X]})
+    b = write_dump(str(tmp_path / "bench"), {"A.op.0.forward": [X, X]})
+    os.remove(os.path.join(os.path.dirname(b), "dump_tensor_data", "A.op.0.forward.output.1.npy"))
+    df = pd.DataFrame(compare_dumps(a, b, progress=False).columns)
+    assert list(df["Result"]) == ["pass", "warning"]
+    assert "bench tensor file missing" in df["Err_message"][1]
+
+
+def test_data_name_escaping_its_folder_is_refused(tmp_path):
+    a = write_dump(str(tmp_path / "npu"), {"A.op.0.forward": [X]})
+    b = write_dump(str(tmp_path / "bench"), {"A.op.0.forward": [X]})
+    secret = tmp_path / "secret.npy"
+    np.save(secret, X)
+    d = json.load(open(a))
+    d["data"]["A.op.0.forward"]["output"][0]["data_name"] = "../../../../secret.npy"
+    json.dump(d, open(a, "w"))
+    df = pd.DataFrame(compare_dumps(a, b, progress=False).columns)
+    assert df["Result"][0] == "error" and "escapes" in df["Err_message"][0]
+
+
+def test_pickled_npy_is_not_loaded(tmp_path):
+    a = write_dump(str(tmp_path / "npu"), {"A.op.0.forward": [X]})
+    b = write_dump(str(tmp_path / "bench"), {"A.op.0.forward": [X]})
+    np.save(os.path.join(os.path.dirname(a), "dump_tensor_data", "A.op.0.forward.output.0.npy"),
+            np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    df = pd.DataFrame(compare_dumps(a, b, progress=False).columns)
+    assert df["Result"][0] == "error" and "unreadable" in df["Err_message"][0]
+
+
+def test_truncated_dump_compares_what_is_valid(tmp_path):
+    entries = {f"A.op.{k}.forward": [X] for k in range(6)}
+    a = write_dump(str(tmp_path / "npu"), entries, task="statistics")
+    b = write_dump(str(tmp_path / "bench"), entries, task="statistics")
+    text = open(a).read()
+    cut = text.index('"A.op.4.forward"') + 40
+    open(a, "w").write(text[:cut])
+    meta = DumpMeta(a)
+    assert len(list(read_dump(a, meta))) == 4 and meta.truncated
+    r = compare_dumps(a, b, progress=False)
+    df = pd.DataFrame(r.columns)
+    assert any("truncated" in n and "after 4 entries" in n for n in r.notes)
+    assert (df["Result"][:4] == "pass").all()
+    assert df["Bench Name"].notna().all() and df["NPU Name"].isna().sum() == 2  # kept, not dropped
+
+
+def test_missing_dump_json_is_a_clear_error(tmp_path):
+    b = write_dump(str(tmp_path / "bench"), {"A.op.0.forward": [X]})
+    with pytest.raises(FileNotFoundError, match="dump.json not found"):
+        compare({"npu_json_path": str(tmp_path / "nope.json"), "bench_json_path": b}, str(tmp_path / "o"))
+
+
+def test_task_level_mismatch_is_explained(tmp_path):
+    a = write_dump(str(tmp_path / "npu"), {"A.op.0.forward": [X]}, task="statistics", level="mix")
+    b = write_dump(str(tmp_path / "bench"), {"A.op.0.forward": [X]})
+    r = compare_dumps(a, b, progress=False)
+    assert r.mode == "statistics"
+    assert any("task differs" in n for n in r.notes) and any("level differs" in n for n in r.notes)
+
+
+def test_xlsx_fills_types_and_summary(tmp_path):
+    a = write_dump(str(tmp_path / "npu"), {"A.op.0.forward": [X, X * 1.0003, X * 2], "B.op.0.forward": [X]},
+                   task="statistics")
+    b = write_dump(str(tmp_path / "bench"), {"A.op.0.forward": [X, X, X]}, task="statistics")
+    out = tmp_path / "out" / "nested"
+    before = set(os.listdir(tmp_path))
+    paths = compare({"npu_json_path": a, "bench_json_path": b, "is_print_compare_log": False},
+                    str(out), stack_mode=True)
+    assert set(os.listdir(tmp_path)) == before | {"out"}        # nothing written elsewhere
+    xlsx, csv = paths
+    assert os.path.basename(xlsx).startswith("compare_result_") and xlsx.endswith(".xlsx")
+    assert os.path.isfile(csv)
+    wb = openpyxl.load_workbook(xlsx)
+    assert wb.sheetnames == ["compare_result", "Summary"]
+    ws = wb["compare_result"]
+    header = [c.value for c in ws[1]]
+    assert header[:8] == ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape",
+                          "Bench Tensor Shape", "NPU Requires_grad", "Bench Requires_grad"]
+    assert "NPU_Stack_Info" in header and header[-3:] == ["Direction", "Tolerance Dtype", "Err/Tolerance"]
+    assert ws.freeze_panes == "A2" and ws.auto_filter.ref.startswith("A1:")
+    col = {h: i + 1 for i, h in enumerate(header)}
+    results = {ws.cell(r, 1).value: ws.cell(r, col["Result"]).value for r in range(2, ws.max_row + 1)}
+    assert results["A.op.0.forward.output.0"] == "pass"
+    assert results["A.op.0.forward.output.2"] == "error"
+    for r in range(2, ws.max_row + 1):
+        verdict = ws.cell(r, col["Result"]).value
+        fill = ws.cell(r, 1).fill
+        colour = fill.fgColor.rgb if fill.fill_type == "solid" else None
+        assert colour == {"pass": None, "warning": "FFFFEB9C", "error": "FFFFC7CE"}[verdict]
+        rel = ws.cell(r, col["MaxRelativeErr"])
+        if rel.value is not None:
+            assert isinstance(rel.value, float) and rel.number_format.endswith("%")
+        assert isinstance(ws.cell(r, col["Max diff"]).value, (float, type(None)))
+    summary = dict(wb["Summary"].iter_rows(min_row=2, values_only=True))
+    assert summary["error"] == 1 and summary["pass"] == 1 and summary["warning"] == 2
+    assert summary["first error"].endswith("A.op.0.forward.output.2")
+    assert "tolerance" in summary["first error message"]
+    assert summary["forward: pass / warning / error"] == "1 / 2 / 1"
+
+
+def test_distributed_and_cli(tmp_path, capsys):
+    from probe.compare.cli import add_arguments, run as cli_run
+    import argparse
+    for side in ("npu", "bench"):
+        for rank in (0, 1):
+            p = write_dump(str(tmp_path / side), {"A.op.0.forward": [X]}, task="statistics")
+            os.replace(os.path.dirname(p), os.path.join(os.path.dirname(os.path.dirname(p)), f"rank{rank}"))
+    paths = compare_distributed(str(tmp_path / "npu"), str(tmp_path / "bench"), str(tmp_path / "o"),
+                                processes=2)
+    names = sorted(os.path.basename(p) for p in paths)
+    assert len(names) == 4 and names[0].startswith("compare_result_step0_rank0_")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    rc = cli_run(parser.parse_args(["--npu", str(tmp_path / "npu" / "step0" / "rank1"),
+                                    "--bench", str(tmp_path / "bench" / "step0" / "rank1"),
+                                    "-o", str(tmp_path / "o2")]))
+    out = capsys.readouterr().out.split()
+    assert rc == 0 and len(out) == 2 and all(os.path.isfile(p) for p in out)
+    with pytest.raises(ValueError):
+        cli_run(parser.parse_args(["-o", str(tmp_path / "o3")]))
