@@ -37,7 +37,7 @@ def main(argv=None):
     args = parser.parse_args(argv[1:])
     try:
         return int(module.run(args) or 0)
-    except (ValueError, FileNotFoundError, PermissionError) as exc:
+    except (ValueError, OSError) as exc:
         # Bad input: one clear line, no traceback.
         print(f"probe {name}: error: {exc}", file=sys.stderr)
         return 2
