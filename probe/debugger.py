@@ -78,8 +78,10 @@ class PrecisionDebugger:
         if self._dir_step != self.current_step:
             self._dir_step = self.current_step
             rank_dir = "rank" if rank is None else f"rank{rank}"
-            path = os.path.join(self.config.dump_path, f"step{self.current_step}", rank_dir)
-            self._writer.open_dir(path, with_tensors=self.config.task == "tensor")
+            step = self.current_step
+            nxt = step + 1 if self.config.wants_step(step + 1) else None
+            self._writer.open_dir(self._step_dir(step, rank_dir), self.config.task == "tensor",
+                                  None if nxt is None else self._step_dir(nxt, rank_dir))
         self._interceptor.start()
 
     def stop(self):
@@ -98,6 +100,9 @@ class PrecisionDebugger:
         self.current_step += 1
 
     # ---- internals -----------------------------------------------------------
+    def _step_dir(self, step, rank_dir):
+        return os.path.join(self.config.dump_path, f"step{step}", rank_dir)
+
     def _write_meta(self):
         if self._dir_step == self.current_step:
             self._writer.write_meta(self._collector.stacks.to_json(), {})

@@ -3,10 +3,14 @@
 dump.json grows by appending: each flush seeks back over the closing braces, writes the
 new entries (one per line) and the braces again, so the file is valid JSON after every
 flush and total I/O stays linear (msprobe rewrites the whole file every 1,000 entries).
-stack.json and construct.json are small and replaced atomically (temp file +
-``os.replace``). Tensor files are written in the same FIFO as the entries that name them,
-so a flushed entry's file is already on disk. The queue is bounded in bytes: when the
-disk falls behind, the training thread waits rather than memory growing.
+Tensor files are written in the same FIFO as the entries that name them, so a flushed
+entry's file is already on disk. The queue is bounded in bytes: when the disk falls
+behind, the training thread waits rather than memory growing.
+
+Creating files and folders is the slow part on many filesystems (hundreds of
+microseconds each), so the next step's folder is made ahead, under a hidden staging
+name, while the current step trains; opening a step is then one rename. A folder left
+by an earlier run is renamed aside and deleted in the background.
 """
 import json
 import os
@@ -24,37 +28,78 @@ _FLUSH_SECONDS = 1.0
 _MAX_PENDING_BYTES = 512 << 20
 
 
-def _atomic_write_json(path, obj):
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
-
-
 def _write_npy(path, arr):
     with open(path, "wb") as f:
         np.lib.format.write_array(f, arr, allow_pickle=False)
 
 
-class _DumpJson:
-    """One growing dump.json."""
+def _rewrite(handle, text):
+    handle.seek(0)
+    handle.write(text.encode())
+    handle.truncate()
+    handle.flush()
 
-    def __init__(self, path, header):
-        self.path = path
+
+class _StepFiles:
+    """The files of one step/rank folder, created under a staging name, kept open."""
+
+    def __init__(self, rank_dir, header, with_tensors):
+        self.rank_dir = rank_dir
+        parent, name = os.path.split(rank_dir)
+        self.made_parent = not os.path.isdir(parent)
+        os.makedirs(parent, exist_ok=True)
+        self.staging = os.path.join(parent, f".{name}.staging-{os.getpid()}")
+        if os.path.exists(self.staging):
+            shutil.rmtree(self.staging)
+        os.makedirs(self.staging)
+        header = dict(header)
+        if with_tensors:
+            os.makedirs(os.path.join(self.staging, "dump_tensor_data"))
+            header["dump_data_dir"] = os.path.join(rank_dir, "dump_tensor_data")
         self.count = 0
         head = "{\n" + "".join(f' {json.dumps(k)}: {json.dumps(header.get(k))},\n' for k in _HEADER_KEYS)
-        with open(path, "wb") as f:
-            f.write(head.encode() + b' "data": {' + _FOOTER)
+        self.dump = self._create("dump.json", head.encode() + b' "data": {' + _FOOTER)
+        self.stack = self._create("stack.json", b"{}")
+        self.construct = self._create("construct.json", b"{}")
+
+    def _create(self, name, content):
+        f = open(os.path.join(self.staging, name), "w+b")
+        f.write(content)
+        f.flush()
+        return f
+
+    def activate(self, trash):
+        """Move into place, setting aside what an earlier run left there."""
+        if os.path.lexists(self.rank_dir):
+            aside = f"{self.staging}.old-{len(trash)}"
+            os.rename(self.rank_dir, aside)
+            trash.append(aside)
+        os.rename(self.staging, self.rank_dir)
+        self.staging = None
 
     def append(self, entries):
         parts = []
         for name, body in entries:
-            sep = ",\n" if self.count else "\n"
-            parts.append(f"{sep}  {json.dumps(name)}: {json.dumps(body)}")
+            parts.append(f"{',' if self.count else ''}\n  {json.dumps(name)}: {json.dumps(body)}")
             self.count += 1
-        with open(self.path, "r+b") as f:
-            f.seek(-len(_FOOTER), os.SEEK_END)
-            f.write("".join(parts).encode() + _FOOTER)
+        self.dump.seek(-len(_FOOTER), os.SEEK_END)
+        self.dump.write("".join(parts).encode() + _FOOTER)
+        self.dump.flush()
+
+    def write_meta(self, stack_json, construct_json):
+        _rewrite(self.stack, json.dumps(stack_json, indent=1))
+        _rewrite(self.construct, json.dumps(construct_json, indent=1))
+
+    def close(self):
+        for f in (self.dump, self.stack, self.construct):
+            f.close()
+        if self.staging is not None:  # prepared but never used
+            shutil.rmtree(self.staging, ignore_errors=True)
+            if self.made_parent:
+                try:
+                    os.rmdir(os.path.dirname(self.rank_dir))
+                except OSError:
+                    pass
 
 
 class DumpWriter:
@@ -64,7 +109,6 @@ class DumpWriter:
         self.header = {"task": task, "level": level, "framework": "pytorch", "dump_data_dir": None}
         self._queue = queue.SimpleQueue()
         self._pending = []           # entries not yet handed to the thread
-        self._pending_dir = None
         self._last_flush = time.monotonic()
         self._bytes = 0
         self._bytes_cv = threading.Condition()
@@ -73,11 +117,10 @@ class DumpWriter:
         self._thread.start()
 
     # ---- training thread -------------------------------------------------
-    def open_dir(self, rank_dir, with_tensors):
-        """Start a fresh step/rank directory, replacing what an earlier run left there."""
+    def open_dir(self, rank_dir, with_tensors, next_dir=None):
+        """Start a fresh step/rank folder (replacing an earlier run's); make ``next_dir`` ahead."""
         self._flush_pending()
-        self._pending_dir = rank_dir
-        self._queue.put(("open", rank_dir, with_tensors))
+        self._queue.put(("open", rank_dir, with_tensors, next_dir))
 
     def add_entry(self, name, body):
         self._pending.append((name, body))
@@ -123,40 +166,48 @@ class DumpWriter:
 
     # ---- writer thread ---------------------------------------------------
     def _run(self):
-        rank_dir = dump_json = None
+        current = prepared = None
+        trash = []
         while True:
             item = self._queue.get()
             kind = item[0]
             try:
                 if kind == "stop":
+                    for files in (current, prepared):
+                        if files is not None:
+                            files.close()
+                    for path in trash:
+                        shutil.rmtree(path, ignore_errors=True)
                     return
                 if kind == "sync":
                     item[1].set()
                 elif kind == "open":
-                    rank_dir, with_tensors = item[1], item[2]
-                    if os.path.isdir(rank_dir):
-                        shutil.rmtree(rank_dir)
-                    os.makedirs(rank_dir)
-                    header = dict(self.header)
-                    if with_tensors:
-                        data_dir = os.path.join(rank_dir, "dump_tensor_data")
-                        os.makedirs(data_dir)
-                        header["dump_data_dir"] = data_dir
-                    dump_json = _DumpJson(os.path.join(rank_dir, "dump.json"), header)
-                    for name in ("stack.json", "construct.json"):
-                        _atomic_write_json(os.path.join(rank_dir, name), {})
+                    rank_dir, with_tensors, next_dir = item[1:]
+                    if current is not None:
+                        current.close()
+                    if prepared is not None and prepared.rank_dir == rank_dir:
+                        current, prepared = prepared, None
+                    else:
+                        current = _StepFiles(rank_dir, self.header, with_tensors)
+                    current.activate(trash)
+                    if prepared is not None:
+                        prepared.close()
+                        prepared = None
+                    if next_dir is not None:
+                        prepared = _StepFiles(next_dir, self.header, with_tensors)
                 elif kind == "entries":
-                    dump_json.append(item[1])
+                    current.append(item[1])
                 elif kind == "tensor":
                     try:
-                        _write_npy(os.path.join(rank_dir, "dump_tensor_data", item[1]), item[2])
+                        _write_npy(os.path.join(current.rank_dir, "dump_tensor_data", item[1]), item[2])
                     finally:
                         with self._bytes_cv:
                             self._bytes -= item[2].nbytes
                             self._bytes_cv.notify_all()
                 elif kind == "meta":
-                    _atomic_write_json(os.path.join(rank_dir, "stack.json"), item[1])
-                    _atomic_write_json(os.path.join(rank_dir, "construct.json"), item[2])
+                    current.write_meta(item[1], item[2])
+                while trash and self._queue.empty():  # idle: clear what earlier runs left
+                    shutil.rmtree(trash.pop(), ignore_errors=True)
             except Exception as exc:  # never kill the thread: report once, keep going
                 if self._error is None:
                     self._error = exc
