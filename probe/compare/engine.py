@@ -396,7 +396,7 @@ def _tensor_row(cols, i, m: TensorMetrics, v: vd.Verdict, tol_name, exact: bool)
         return
     tol = vd.TOLERANCES.get(tol_name) or vd.TOLERANCES["float32"]
     vd.judge_cosine(v, m.cosine, tol)
-    vd.judge_ratio(v, m.tol_ratio, tol, "worst element off by")
+    vd.judge_elements(v, m.tol_ratio, m.beyond, m.gross, tol)
 
 
 def load_stacks(path: str) -> dict:

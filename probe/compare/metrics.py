@@ -52,6 +52,8 @@ class TensorMetrics:
     one_thousandth: float = math.nan
     five_thousandths: float = math.nan
     tol_ratio: float = math.nan       # worst |err| / element tolerance
+    beyond: float = 0.0               # fraction of elements beyond tolerance
+    gross: float = 0.0                # fraction beyond gross_factor x tolerance
     numel: int = 0
     nonfinite_same: int = 0           # NaN/Inf at identical positions on both sides
     nonfinite_mismatch: int = 0       # positions where only one side is NaN/Inf (or differs)
@@ -60,7 +62,7 @@ class TensorMetrics:
 
 
 def tensor_metrics(a: np.ndarray, b: np.ndarray, rtol: float, floor: float,
-                   exact: bool = False) -> TensorMetrics:
+                   exact: bool = False, gross_factor: float = 10.0) -> TensorMetrics:
     """Metrics of NPU tensor ``a`` against bench ``b`` (same shape; checked by the caller)."""
     m = TensorMetrics(numel=int(a.size))
     if a.size == 0:
@@ -105,6 +107,8 @@ def tensor_metrics(a: np.ndarray, b: np.ndarray, rtol: float, floor: float,
         m.tol_ratio = math.inf if m.exact_mismatch else 0.0
     else:
         rms = math.sqrt(nb / b.size)
-        tol = rtol * np.maximum(abs_b, max(rms, floor))
-        m.tol_ratio = float((ad / tol).max())
+        ratio = ad / (rtol * np.maximum(abs_b, max(rms, floor)))
+        m.tol_ratio = float(ratio.max())
+        m.beyond = float(np.count_nonzero(ratio > 1.0) / ratio.size)
+        m.gross = float(np.count_nonzero(ratio > gross_factor) / ratio.size)
     return m

@@ -33,6 +33,10 @@ TOLERANCES = {
     "float64": Tolerance("float64", 1e-9, 1e-12, 0.9999999, 0.99999),
 }
 ERROR_FACTOR = 10.0     # beyond 10x the tolerance is an error, between 1x and 10x a warning
+# Tensors: a few isolated elements far off are normal where an op is discontinuous (relu's
+# gradient at 0, argmax, masks) and its input moved by one rounding; an error needs more
+# than GROSS_FRACTION of the elements beyond ERROR_FACTOR x tolerance (or a low cosine).
+GROSS_FRACTION = 0.01
 _RANK = {"bfloat16": 0, "float16": 1, "float32": 2, "float64": 3}
 _FLOAT_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "half": "float16",
                   "fp16": "float16", "float32": "float32", "float": "float32", "fp32": "float32",
@@ -107,3 +111,15 @@ def judge_cosine(v: Verdict, cosine: float, tol: Tolerance):
         v.add("error", f"cosine {cosine:.6f} < {tol.cos_err} ({tol.name} error threshold)")
     elif cosine < tol.cos_warn:
         v.add("warning", f"cosine {cosine:.6f} < {tol.cos_warn} ({tol.name} warning threshold)")
+
+
+def judge_elements(v: Verdict, ratio: float, beyond: float, gross: float, tol: Tolerance):
+    """Tensor criterion: how many elements are outside tolerance, and how far the worst is."""
+    if ratio is None or math.isnan(ratio) or ratio <= 1.0:
+        return
+    detail = (f"{beyond:.2%} of elements beyond the {tol.name} tolerance (rtol {tol.rtol:g}), "
+              f"worst {ratio:.3g}x")
+    if gross > GROSS_FRACTION:
+        v.add("error", f"{detail}; {gross:.2%} beyond {ERROR_FACTOR:g}x (limit {GROSS_FRACTION:.0%})")
+    else:
+        v.add("warning", detail)
