@@ -8,6 +8,7 @@ small values (cancellation) are judged by absolute error against the tensor's sc
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -44,6 +45,7 @@ _FLOAT_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float1
 _EXACT = {"bool", "uint8", "int8", "int16", "int32", "int64", "long", "int", "short"}
 
 
+@functools.lru_cache(maxsize=256)
 def dtype_class(dtype: str | None) -> str | None:
     """'bfloat16'/'float16'/'float32'/'float64', 'exact' for ints and bools, else None."""
     if not dtype:

@@ -43,28 +43,39 @@ def _col_letter(i: int) -> str:
 
 
 def _esc(text: str) -> str:
-    text = _ILLEGAL.sub("", text)
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    if not text.isprintable():
+        text = _ILLEGAL.sub("", text)
+    if "&" in text or "<" in text or ">" in text:
+        text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text
 
 
-def _cell(ref: str, value, style: int) -> str:
+def _cell(value, style: int) -> str:
+    """One <c> element; no cell reference (cells are positional, empty ones kept as <c/>)."""
     s = f' s="{style}"' if style else ""
-    if value is None:
-        return f'<c r="{ref}"{s}/>' if style else ""
-    if isinstance(value, bool):
-        return f'<c r="{ref}"{s} t="b"><v>{int(value)}</v></c>'
-    if isinstance(value, (int, float)):
-        v = float(value)
-        if math.isnan(v):
-            return f'<c r="{ref}"{s}/>' if style else ""
-        if math.isinf(v):
-            value = "inf" if v > 0 else "-inf"
+    t = type(value)
+    if t is float:
+        if value != value:
+            return f"<c{s}/>"
+        if value in (_INF, _NINF):
+            value = "inf" if value > 0 else "-inf"
         else:
-            return f'<c r="{ref}"{s}><v>{value!r}</v></c>'
+            return f"<c{s}><v>{value!r}</v></c>"
+    elif value is None:
+        return f"<c{s}/>"
+    elif t is bool:
+        return f'<c{s} t="b"><v>{int(value)}</v></c>'
+    elif t is int:
+        return f"<c{s}><v>{value}</v></c>"
+    elif isinstance(value, (int, float)):          # numpy scalars
+        return _cell(float(value), style)
     text = _esc(str(value))
     if len(text) > 32000:                       # Excel's cell limit is 32767 characters
         text = text[:32000] + "..."
-    return f'<c r="{ref}"{s} t="inlineStr"><is><t xml:space="preserve">{text}</t></is></c>'
+    return f'<c{s} t="inlineStr"><is><t xml:space="preserve">{text}</t></is></c>'
+
+
+_INF, _NINF = float("inf"), float("-inf")
 
 
 def _styles() -> str:
@@ -123,11 +134,9 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet) -> None:
             r += 1
             fill = FILLS.get(styles[k]) if styles else 0
             base = fill * 2
-            buf.append(f'<row r="{r}">')
-            for c in range(ncol):
-                buf.append(_cell(f"{letters[c]}{r}", values[c], base + pct[c]))
-            buf.append("</row>")
-            if len(buf) > 20000:
+            buf.append(f'<row r="{r}">' + "".join(
+                [_cell(v, base + p) for v, p in zip(values, pct)]) + "</row>")
+            if len(buf) > 2000:
                 fh.write("".join(buf).encode("utf-8"))
                 buf = []
         buf.append("</sheetData>")

@@ -1,0 +1,147 @@
+"""Compare-engine speed, printed side by side with msprobe when it is installed.
+
+    python bench/compare.py [--msprobe /opt/msvenv/bin/msprobe] [--skip-100k] [--skip-tensor]
+
+1. the fixtures' mix-level statistics pair (tiny_model, step0 vs step1), end to end in a
+   fresh process (target 0.5 s; msprobe ~3.2 s);
+2. a synthetic 100k-entry statistics pair (target < 15 s, < 1 GB peak RSS);
+3. tensor mode on synthetic .npy dumps (target >= 200 MB/s of tensor data);
+4. ``probe --help`` (target < 0.3 s).
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(ROOT), "shared", "fixtures", "msprobe")
+LOCAL = os.path.join(ROOT, "tests", "fixtures", "msprobe")
+
+
+def timed(cmd, env=None):
+    """Wall time and peak RSS (MB) of a child process."""
+    t = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M"] + cmd, capture_output=True, text=True,
+                          cwd=ROOT, env=env)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr[-1500:]}")
+    rss = int(proc.stderr.strip().splitlines()[-1]) / 1024
+    return wall, rss
+
+
+def probe_compare(npu, bench, out):
+    return timed([sys.executable, "-m", "probe", "compare", "--npu", npu, "--bench", bench, "-o", out])
+
+
+def msprobe_compare(msprobe, npu, bench, out, tmp):
+    cfg = os.path.join(tmp, "ms_compare.json")
+    with open(cfg, "w") as fh:
+        json.dump({"npu_path": npu, "bench_path": bench, "is_print_compare_log": False}, fh)
+    try:                                            # 26.x
+        return timed([msprobe, "compare", "-tp", npu, "-gp", bench, "-o", out])
+    except SystemExit:                              # 8.x
+        return timed([msprobe, "-f", "pytorch", "compare", "-i", cfg, "-o", out])
+
+
+def row(label, ours, theirs=None, target=""):
+    t = f"{theirs[0]:8.2f} s {theirs[1]:7.0f} MB" if theirs else "       -            -"
+    print(f"{label:<44} {ours[0]:8.2f} s {ours[1]:7.0f} MB   {t}   {target}")
+
+
+def synth_stats(path, n_entries, seed):
+    """A statistics dump.json of ``n_entries`` API calls, 2 inputs + 1 output each."""
+    rng = np.random.default_rng(seed)
+    vals = rng.standard_normal((n_entries, 3, 4))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write('{"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": null, "data": {')
+        for i in range(n_entries):
+            t = [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [64, 128],
+                  "Max": abs(v[0]) + 1, "Min": -abs(v[1]) - 1, "Mean": v[2] * 0.01, "Norm": abs(v[3]) + 50,
+                  "requires_grad": True} for v in vals[i]]
+            entry = {"input_args": t[:2], "input_kwargs": {}, "output": t[2:]}
+            fh.write(("," if i else "") + json.dumps(f"Functional.linear.{i}.forward") + ":" + json.dumps(entry))
+        fh.write("}}")
+
+
+def synth_tensor(root, n, numel, seed, noise):
+    rng = np.random.default_rng(seed)
+    rank = os.path.join(root, "step0", "rank")
+    data_dir = os.path.join(rank, "dump_tensor_data")
+    os.makedirs(data_dir, exist_ok=True)
+    data = {}
+    base = np.random.default_rng(0)
+    for i in range(n):
+        x = base.standard_normal(numel).astype(np.float32)
+        if noise:
+            x = x + (rng.standard_normal(numel) * noise).astype(np.float32)
+        name = f"Functional.linear.{i}.forward.output.0.npy"
+        np.save(os.path.join(data_dir, name), x)
+        data[f"Functional.linear.{i}.forward"] = {"input_args": [], "input_kwargs": {}, "output": [{
+            "type": "torch.Tensor", "dtype": "torch.float32", "shape": [numel],
+            "Max": float(x.max()), "Min": float(x.min()), "Mean": float(x.mean()),
+            "Norm": float(np.linalg.norm(x)), "requires_grad": False, "data_name": name}]}
+    with open(os.path.join(rank, "dump.json"), "w") as fh:
+        json.dump({"task": "tensor", "level": "L1", "framework": "pytorch", "data": data}, fh)
+    return os.path.join(rank, "dump.json"), sum(os.path.getsize(p) for p in glob.glob(data_dir + "/*"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--msprobe", default=shutil.which("msprobe") or
+                    ("/opt/msvenv/bin/msprobe" if os.path.exists("/opt/msvenv/bin/msprobe") else None))
+    ap.add_argument("--entries", type=int, default=100_000)
+    ap.add_argument("--skip-100k", action="store_true")
+    ap.add_argument("--skip-tensor", action="store_true")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="probe_bench_")
+    print(f"{'case':<44} {'probe':>20}   {'msprobe':>20}   target")
+    try:
+        # 1. the mix-level statistics pair of the fixtures
+        if os.path.isdir(os.path.join(SHARED, "v833_mix_statistics_fp32")):
+            npu = os.path.join(SHARED, "v833_mix_statistics_fp32", "step1", "rank", "dump.json")
+            bench = os.path.join(SHARED, "v833_mix_statistics_fp32", "step0", "rank", "dump.json")
+        else:
+            npu = glob.glob(os.path.join(LOCAL, "v26_mix_tensor_fp32", "step0", "*", "dump.json"))[0]
+            bench = glob.glob(os.path.join(LOCAL, "v26_mix_statistics_fp32", "step0", "*", "dump.json"))[0]
+        ours = probe_compare(npu, bench, os.path.join(tmp, "o1"))
+        theirs = msprobe_compare(args.msprobe, npu, bench, os.path.join(tmp, "m1"), tmp) if args.msprobe else None
+        row("mix statistics pair, end to end", ours, theirs, "0.5 s")
+
+        # 2. synthetic 100k-entry statistics pair
+        if not args.skip_100k:
+            a = os.path.join(tmp, "s_npu", "dump.json")
+            b = os.path.join(tmp, "s_bench", "dump.json")
+            synth_stats(a, args.entries, 1)
+            synth_stats(b, args.entries, 2)
+            mb = (os.path.getsize(a) + os.path.getsize(b)) / 1e6
+            ours = probe_compare(a, b, os.path.join(tmp, "o2"))
+            row(f"{args.entries // 1000}k-entry statistics pair ({mb:.0f} MB json)", ours, None,
+                "< 15 s, < 1024 MB")
+
+        # 3. tensor mode throughput
+        if not args.skip_tensor:
+            a, size_a = synth_tensor(os.path.join(tmp, "t_npu"), 24, 2_000_000, 1, 1e-4)
+            b, size_b = synth_tensor(os.path.join(tmp, "t_bench"), 24, 2_000_000, 2, 0)
+            ours = probe_compare(a, b, os.path.join(tmp, "o3"))
+            total = (size_a + size_b) / 1e6
+            row(f"tensor mode, {total:.0f} MB of .npy", ours, None, ">= 200 MB/s")
+            print(f"{'  -> throughput':<44} {total / ours[0]:8.0f} MB/s (end to end, incl. start-up)")
+
+        # 4. CLI start-up
+        best = min(timed([sys.executable, "-m", "probe", "--help"])[0] for _ in range(3))
+        print(f"{'probe --help':<44} {best:8.3f} s{'':34}< 0.3 s")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
