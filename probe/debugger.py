@@ -59,7 +59,7 @@ class PrecisionDebugger:
         self._dir_step = None
         previous = PrecisionDebugger._current and PrecisionDebugger._current()
         if previous is not None:
-            previous.stop()
+            previous.close()
         PrecisionDebugger._current = weakref.ref(self)
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -108,7 +108,10 @@ class PrecisionDebugger:
             self._writer.write_meta(self._collector.stacks.to_json(), {})
 
     def close(self):
+        """Finish writing and remove every patch probe installed."""
         self.stop()
+        if self._interceptor is not None:
+            self._interceptor.close()
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -1,7 +1,8 @@
 """Call stacks of dumped APIs, captured cheaply and stored once per distinct stack.
 
-Formatting a traceback costs tens of microseconds; walking frames costs one. A stack is
-keyed by its (code object, line) pairs and formatted only the first time it is seen.
+Formatting a traceback costs tens of microseconds, and even reading ``f_lineno`` scans a
+line table. A stack is keyed by its (code object, instruction offset) pairs, which are
+cheap to read, and formatted only the first time it is seen.
 Frames of probe itself, of torch's function-mode plumbing, and the API's own dispatch
 frame are left out, so the innermost frame is the line that called the API.
 """
@@ -42,16 +43,22 @@ class StackTable:
         if f is not None and f.f_code is api_code:
             f = f.f_back
         key = []
+        add = key.append
         g = f
         while g is not None:
-            key.append((g.f_code, g.f_lineno))
+            add(g.f_code)
+            add(g.f_lasti)
             g = g.f_back
         key = tuple(key)
         sid = self._ids.get(key)
         if sid is None:
             sid = len(self.stacks)
             self._ids[key] = sid
-            self.stacks.append([_format(code, line) for code, line in key])
+            frames = []
+            while f is not None:
+                frames.append(_format(f.f_code, f.f_lineno))
+                f = f.f_back
+            self.stacks.append(frames)
             self.names.append([])
         self.names[sid].append(entry_name)
         return sid

@@ -157,21 +157,29 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done):
             except RuntimeError:  # not inside a backward pass
                 pass
 
+    def take_outputs(grads, outs):
+        for nr, j in outs:
+            g = grads[nr]
+            if g is not None:
+                pending.out_grads[j] = seen_grad(g)
+                for jj, slots in passthrough:
+                    if jj == j:
+                        pending.add_input_grad(slots, g)
+
     for fn, outs in out_nodes.items():
+        if fn in boundary:
+            continue  # its post-hook sees the output grads too: one hook instead of two
+
         def pre_hook(grad_outputs, outs=outs):
             ensure_finish_queued()
-            for nr, j in outs:
-                g = grad_outputs[nr]
-                if g is not None:
-                    pending.out_grads[j] = seen_grad(g)
-                    for jj, slots in passthrough:
-                        if jj == j:
-                            pending.add_input_grad(slots, g)
+            take_outputs(grad_outputs, outs)
         fn.register_prehook(pre_hook)
 
     for node, links in boundary.items():
-        def post_hook(grad_inputs, grad_outputs, links=links):
+        def post_hook(grad_inputs, grad_outputs, links=links, outs=out_nodes.get(node)):
             ensure_finish_queued()
+            if outs is not None:
+                take_outputs(grad_outputs, outs)
             for k, slots in links:
                 g = grad_inputs[k]
                 if g is not None:

@@ -3,18 +3,23 @@
 A ``TorchFunctionMode`` sees calls of ``torch.*``, Tensor methods and
 ``torch.nn.functional`` by the function object actually called. Nothing is replaced,
 so functions imported before ``start()`` are seen and ``act is F.gelu`` keeps holding.
-What the mode cannot tell apart is patched for the time the interceptor runs: Tensor
-dunders (``a + b`` reaches the mode as ``Tensor.add``; msprobe names it
-``Tensor.__add__``) and distributed / torch_npu functions a mode may never see.
+What the mode cannot tell apart is patched: Tensor dunders (``a + b`` reaches the mode
+as ``Tensor.add``; msprobe names it ``Tensor.__add__``) and distributed / torch_npu
+functions a mode may never see.
 
     interceptor = Interceptor(resolved, handler)
     interceptor.start()
     ...               # handler(name, func, args, kwargs) runs for each registered call
     interceptor.stop()
+    interceptor.close()
 
 The handler must call ``func(*args, **kwargs)`` and return its result. Only the outermost
 registered call reaches it: while it runs, registered APIs go straight to the real function.
-After ``stop()`` nothing is patched and nothing is on the mode stack: the cost is zero.
+
+After ``stop()`` the mode is off the stack, so calls cost nothing. Patching a Tensor
+dunder costs microseconds (Python updates the type's slots and its subclasses'), so the
+patches are put in once and stay, dormant, until ``close()``: while no interceptor is
+started on a thread, a patched operator costs one flag check.
 
 A limit shared by every function mode: the body of an unregistered Python-level torch
 function runs with the mode switched off (it dispatched on itself first), so registered
@@ -29,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 
 class _ThreadState(threading.local):
     depth = 0        # > 0 while a handler (or probe's own work) runs on this thread
-    enabled = False  # the interceptor was started on this thread
+    active = None    # the innermost started Interceptor on this thread
 
 
 state = _ThreadState()
@@ -62,14 +67,69 @@ class _Mode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _Patches:
+    """Attribute patches shared by every interceptor, installed once, removed by the last user."""
+
+    def __init__(self):
+        self.originals = {}   # (owner, attr) -> original attribute value, or _MISSING
+        self.users = 0
+        self.lock = threading.Lock()
+
+    def acquire(self, targets):
+        with self.lock:
+            self.users += 1
+            for owner, attr in targets:
+                if (owner, attr) not in self.originals:
+                    self._install(owner, attr)
+
+    def release(self):
+        with self.lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+            for (owner, attr), original in reversed(list(self.originals.items())):
+                if original is _MISSING:
+                    delattr(owner, attr)
+                else:
+                    setattr(owner, attr, original)
+            self.originals.clear()
+
+    def _install(self, owner, attr):
+        func = getattr(owner, attr)
+        key = (owner, attr)
+        self.originals[key] = owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) else func
+
+        def wrapper(*args, **kwargs):
+            active = state.active
+            if active is None or state.depth:
+                return func(*args, **kwargs)
+            name = active.patched_names.get(key)
+            if name is None:
+                return func(*args, **kwargs)
+            return active.call(name, func, args, kwargs)
+
+        wrapper.__name__ = getattr(func, "__name__", attr)
+        wrapper.__qualname__ = getattr(func, "__qualname__", attr)
+        wrapper.__doc__ = getattr(func, "__doc__", None)
+        wrapper.__wrapped__ = func
+        setattr(owner, attr, wrapper)
+
+
+_MISSING = object()
+_patches = _Patches()
+
+
 class Interceptor:
     """Routes every registered API call to ``handler`` between ``start()`` and ``stop()``."""
 
     def __init__(self, resolved, handler):
         self.resolved = resolved
         self.handler = handler
+        self.patched_names = {(torch.Tensor, attr): full for attr, full in resolved.dunders.items()}
+        self.patched_names.update(((owner, attr), full) for owner, attr, full in resolved.patched)
         self._mode = None
-        self._patches = []  # (owner, attr, original or _MISSING)
+        self._outer = None
+        self._holds_patches = False
 
     @property
     def active(self):
@@ -85,45 +145,26 @@ class Interceptor:
     def start(self):
         if self._mode is not None:
             return
-        for attr, full in self.resolved.dunders.items():
-            self._patch(torch.Tensor, attr, full)
-        for owner, attr, full in self.resolved.patched:
-            self._patch(owner, attr, full)
+        if not self._holds_patches:
+            _patches.acquire(self.patched_names)
+            self._holds_patches = True
         self._mode = _Mode(self)
         self._mode.__enter__()
-        state.enabled = True
+        self._outer, state.active = state.active, self
 
     def stop(self):
         if self._mode is None:
             return
-        state.enabled = False
+        state.active = self._outer
+        self._outer = None
         try:
             self._mode.__exit__(None, None, None)
         finally:
             self._mode = None
-            for owner, attr, original in reversed(self._patches):
-                if original is _MISSING:
-                    delattr(owner, attr)
-                else:
-                    setattr(owner, attr, original)
-            self._patches = []
 
-    def _patch(self, owner, attr, full):
-        original = owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) else getattr(owner, attr)
-        func = getattr(owner, attr)
-        call = self.call
-
-        def wrapper(*args, **kwargs):
-            if state.depth or not state.enabled:
-                return func(*args, **kwargs)
-            return call(full, func, args, kwargs)
-
-        wrapper.__name__ = getattr(func, "__name__", attr)
-        wrapper.__qualname__ = getattr(func, "__qualname__", attr)
-        wrapper.__doc__ = getattr(func, "__doc__", None)
-        wrapper.__wrapped__ = func
-        self._patches.append((owner, attr, original))
-        setattr(owner, attr, wrapper)
-
-
-_MISSING = object()
+    def close(self):
+        """Stop and remove the attribute patches this interceptor asked for."""
+        self.stop()
+        if self._holds_patches:
+            self._holds_patches = False
+            _patches.release()
