@@ -19,7 +19,9 @@ import weakref
 
 from probe.config import load_config
 from probe.dump.collector import ApiCollector
+from probe.dump.construct import Construct
 from probe.dump.writer import DumpWriter
+from probe.errors import ConfigError
 from probe.hook_module.interceptor import Interceptor
 from probe.hook_module.registry import load_registry, resolve
 from probe.seed import seed_all
@@ -35,7 +37,11 @@ def _current_rank():
 
 
 class PrecisionDebugger:
-    """Dump every registered API call between ``start()`` and ``stop()``.
+    """Dump between ``start()`` and ``stop()`` at the config's level.
+
+    L1: registered APIs. L0: the modules of the model given to ``start(model)`` (or to the
+    constructor). mix: both, with construct.json mapping each entry to its module. L2:
+    aten kernels (forward and backward) via a dispatch mode.
 
     Keyword arguments override the config file's values (``task``, ``dump_path``,
     ``level``, ``step``, ``rank``, ...). A new debugger replaces the previous one, as
@@ -56,6 +62,13 @@ class PrecisionDebugger:
         self._writer = None
         self._collector = None
         self._interceptor = None
+        self._modules = None
+        self._kernels = None
+        self._tracker = None
+        self._construct = None
+        self._active = False
+        self._whole = []          # module_dump requests: (module, name, handles or None)
+        self._meta_mark = None
         self._dir_step = None
         previous = PrecisionDebugger._current and PrecisionDebugger._current()
         if previous is not None:
@@ -68,13 +81,17 @@ class PrecisionDebugger:
         """Begin (or resume) dumping the current step."""
         if model is not None:
             self.model = model
+        level = self.config.level
+        if level in ("L0", "mix") and self.model is None:
+            raise ConfigError(f"{self.config.source}: level: {level} dumps modules: pass the model, "
+                              f"start(model) or PrecisionDebugger(..., model=model)")
+        if self._active:
+            return
         rank = _current_rank()
         if not self.config.wants_step(self.current_step) or (rank is not None and not self.config.wants_rank(rank)):
             return
         if self._writer is None:
-            self._writer = DumpWriter(self.config.task, self.config.level)
-            self._collector = ApiCollector(self.config, self._writer)
-            self._interceptor = Interceptor(self.registry, self._collector)
+            self._make_dumpers()
         if self._dir_step != self.current_step:
             self._dir_step = self.current_step
             rank_dir = "rank" if rank is None else f"rank{rank}"
@@ -82,30 +99,101 @@ class PrecisionDebugger:
             nxt = step + 1 if self.config.wants_step(step + 1) else None
             self._writer.open_dir(self._step_dir(step, rank_dir), self.config.task == "tensor",
                                   None if nxt is None else self._step_dir(nxt, rank_dir))
-        self._interceptor.start()
+        self._attach()
 
     def stop(self):
-        """Pause dumping; nothing is intercepted until the next ``start()``."""
-        if self._interceptor is not None and self._interceptor.active:
-            self._interceptor.stop()
+        """Pause dumping; nothing is intercepted or hooked until the next ``start()``."""
+        if self._active:
+            self._active = False
+            self._detach()
             self._write_meta()
 
     def step(self):
         """End the step: its files are complete on disk when this returns."""
         self.stop()
         if self._writer is not None and self._dir_step == self.current_step:
+            self._write_meta(only_if_grown=True)   # backward entries that arrived after stop() add to construct.json
             self._writer.sync()
-        if self._collector is not None:
-            self._collector.reset_step()
+        for part in (self._collector, self._modules, self._kernels, self._tracker):
+            if part is not None:
+                part.reset_step()
         self.current_step += 1
 
+    def module_dump(self, module, name):
+        """Dump ``module`` as one entry ``Module.{name}.{Class}``, nothing inside it."""
+        import torch
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"module_dump: module must be a torch.nn.Module, got {type(module).__name__}")
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"module_dump: name must be a non-empty str, got {name!r}")
+        request = [module, name, None]
+        self._whole.append(request)
+        if self._active:
+            request[2] = self._modules.attach_whole(module, name)
+
+    def module_dump_end(self):
+        """Stop the ``module_dump`` requests made so far."""
+        for _, _, handles in self._whole:
+            for h in handles or ():
+                h.remove()
+        self._whole = []
+
     # ---- internals -----------------------------------------------------------
+    def _make_dumpers(self):
+        from probe.dump.modules import ModuleDumper
+        level = self.config.level
+        self._writer = DumpWriter(self.config.task, level)
+        self._collector = ApiCollector(self.config, self._writer)
+        if level in ("L0", "mix"):
+            self._construct = Construct()
+            self._collector.construct = self._construct
+        self._modules = ModuleDumper(self._collector, self._construct)
+        if level == "L2":
+            from probe.dump.kernels import ApiTracker, KernelDumper
+            self._tracker = ApiTracker()
+            self._kernels = KernelDumper(self._collector, self.registry.aten, self._tracker)
+            self._interceptor = Interceptor(self.registry, self._tracker)
+        elif level in ("L1", "mix"):
+            self._interceptor = Interceptor(self.registry, self._collector)
+
+    def _attach(self):
+        self._active = True
+        level = self.config.level
+        if level in ("L0", "mix"):
+            models = self.model if isinstance(self.model, (list, tuple)) else [self.model]
+            self._modules.attach(models)
+            if level == "mix":
+                self._modules.attach_optimizer()
+        for request in self._whole:
+            request[2] = self._modules.attach_whole(request[0], request[1])
+        if self._interceptor is not None:
+            self._interceptor.start()
+        if self._kernels is not None:
+            self._kernels.start()
+
+    def _detach(self):
+        if self._kernels is not None:
+            self._kernels.stop()
+        if self._interceptor is not None:
+            self._interceptor.stop()
+        self._modules.detach()
+        for request in self._whole:
+            for h in request[2] or ():
+                h.remove()
+            request[2] = None
+
     def _step_dir(self, step, rank_dir):
         return os.path.join(self.config.dump_path, f"step{step}", rank_dir)
 
-    def _write_meta(self):
-        if self._dir_step == self.current_step:
-            self._writer.write_meta(self._collector.stacks.to_json(), {})
+    def _write_meta(self, only_if_grown=False):
+        if self._dir_step != self.current_step:
+            return
+        construct = self._construct.tree if self._construct is not None else {}
+        mark = (self.current_step, len(construct))
+        if only_if_grown and mark == self._meta_mark:
+            return  # nothing arrived since stop() wrote them
+        self._meta_mark = mark
+        self._writer.write_meta(self._collector.stacks.to_json(), dict(construct))
 
     def close(self):
         """Finish writing and remove every patch probe installed."""

@@ -22,7 +22,12 @@ log = logging.getLogger("probe")
 
 
 class CallFilter:
-    """``list``, ``scope`` and ``data_mode`` of the config, decided per entry."""
+    """``list``, ``scope`` and ``data_mode`` of the config, decided per entry, at every level.
+
+    One filter is shared by the APIs, modules and kernels of a dump, so in mix a scope
+    may open on a module and close on an API. Scope compares keys without the direction
+    (``scope_key``), so ``Module.a.Linear.forward.0`` and ``...backward.0`` both work.
+    """
 
     def __init__(self, config):
         self.patterns = []
@@ -32,8 +37,8 @@ class CallFilter:
                 self.patterns.append(re.compile(item[6:-1]))
             else:
                 self.substrings.append(item)
-        self.scope = tuple(_base(s) for s in config.scope)
-        self.scope_state = 0 if self.scope else 1   # 0 before first, 1 inside, 2 after last
+        self.scope = tuple(scope_key(s) for s in config.scope)
+        self.scope_state = 0 if self.scope else 1   # 0 before first, 1 inside, 2 after last, 3 in last module
         modes = set(config.data_mode)
         every = "all" in modes
         self.forward = every or "forward" in modes or not modes & {"forward", "backward"}
@@ -44,28 +49,44 @@ class CallFilter:
     def reset(self):
         self.scope_state = 0 if self.scope else 1
 
-    def wants(self, base):
-        """Should the call named ``base`` ("Functional.linear.0") be dumped?"""
+    def wants(self, base, name=None, module=False):
+        """Should the call keyed ``base`` ("Functional.linear.0") be dumped?
+
+        ``name`` is what ``list`` matches (default ``base + ".forward"``). A module that
+        closes the scope keeps it open until it returns (``module_exit``), so what runs
+        inside the last module is dumped too.
+        """
         if self.scope:
-            if self.scope_state == 0:
+            state = self.scope_state
+            if state == 0:
                 if base != self.scope[0]:
                     return False
                 self.scope_state = 1
-            elif self.scope_state == 2:
+            elif state == 2:
                 return False
-            if base == self.scope[1]:
-                self.scope_state = 2
+            if state != 3 and base == self.scope[1]:
+                self.scope_state = 3 if module else 2
         if self.patterns or self.substrings:
-            name = base + ".forward"
+            if name is None:
+                name = base + ".forward"
             return any(s in name for s in self.substrings) or any(p.search(name) for p in self.patterns)
         return True
 
+    def module_exit(self, base):
+        if self.scope_state == 3 and base == self.scope[1]:
+            self.scope_state = 2
+
+
+_DIRECTION = re.compile(r"\.(?:forward|backward)(?=(?:\.\d+)?$)")
+
+
+def scope_key(entry_name):
+    """Entry name without its direction: ``Functional.linear.0``, ``Module.a.Linear.0``."""
+    return _DIRECTION.sub("", entry_name, count=1)
+
 
 def _base(entry_name):
-    for suffix in (".forward", ".backward"):
-        if entry_name.endswith(suffix):
-            return entry_name[: -len(suffix)]
-    return entry_name
+    return scope_key(entry_name)
 
 
 class _Summaries:
@@ -106,12 +127,16 @@ class ApiCollector:
         self.cache = stats.SummaryCache()
         self.counters = {}
         self._failed = set()
+        # mix: a Construct shared with the module hooks; None at L1 (construct.json {}).
+        self.construct = None
 
     def reset_step(self):
         self.counters.clear()
         self.stacks.clear()
         self.cache.clear()
         self.filter.reset()
+        if self.construct is not None:
+            self.construct.reset()
 
     # ---- the handler ------------------------------------------------------
     def __call__(self, name, func, args, kwargs):
@@ -143,7 +168,8 @@ class ApiCollector:
     def _before(self, base, func, args, kwargs):
         fwd = base + ".forward"
         summaries = _Summaries(self.cache)
-        call = {"base": base, "summaries": summaries, "entry": {}, "grad": None}
+        call = {"base": base, "summaries": summaries, "entry": {}, "grad": None,
+                "parent": None if self.construct is None else self.construct.current}
         flt = self.filter
         if flt.forward and flt.inputs:
             call["entry"]["input_args"] = [self._describe(a, summaries, f"{fwd}.input.{i}")
@@ -168,13 +194,16 @@ class ApiCollector:
             entry["output"] = [self._describe(o, summaries, f"{base}.forward.output.{i}")
                                for i, o in enumerate(outs)]
         summaries.resolve()
+        parent = call["parent"]
         if flt.forward:
             self.writer.add_entry(base + ".forward", entry)
+            if self.construct is not None:
+                self.construct.tree[base + ".forward"] = parent and parent[0]
         if call["grad"] is not None:
             before, n_inputs = call["grad"]
             outputs = _flat_outputs(out)
             grad_capture.hook_call(before, outputs, n_inputs, self._grad_seen,
-                                   self._backward_done_fn(base))
+                                   self._backward_done_fn(base, parent))
 
     def _summary(self, t, summaries):
         s = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape),
@@ -213,8 +242,9 @@ class ApiCollector:
                 s["_tensor"] = stats.host_copy(g)
             return s
 
-    def _backward_done_fn(self, base):
+    def _backward_done_fn(self, base, parent=None):
         bwd = base + ".backward"
+        construct = self.construct
 
         def on_done(out_grads, in_grads):
             try:
@@ -225,6 +255,8 @@ class ApiCollector:
                 if flt.outputs:
                     entry["output"] = [self._finish_grad(g, f"{bwd}.output.{i}") for i, g in enumerate(in_grads)]
                 self.writer.add_entry(bwd, entry)
+                if construct is not None:
+                    construct.tree[bwd] = parent and parent[1]
             except Exception as exc:
                 self._fail(base.rsplit(".", 1)[0], exc)
         return on_done

@@ -1,0 +1,152 @@
+"""Kernel-level (L2) dumping: every aten op the dispatcher runs, forward and backward.
+
+msprobe's L2 dumps NPU kernels through the vendor's tooling; here L2 is the dispatcher
+level, seen by a ``TorchDispatchMode`` between ``start()`` and ``stop()``. It sees the
+kernels autograd runs during ``loss.backward()`` too; like msprobe's kernel entries they
+are recorded as forward entries of those kernels: ``Aten.mm.default.3.forward``. The
+YAML's ``aten`` section (op names without overload) says which ops are dumped.
+
+Each entry also records, under ``"api"``, the registered API it ran under, named with
+the same counters an L1 or mix dump of the run uses (``Functional.linear.0.forward``;
+a backward kernel: ``Functional.linear.0.backward``), so a compare can drill from the
+API that diverged to its kernels. A light interceptor handler (``ApiTracker``) names the
+APIs without dumping them; backward kernels find theirs on the autograd node running.
+"""
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from probe.dump.collector import _Summaries
+from probe.dump.modules import blocked
+from probe.hook_module.interceptor import state
+
+_current_node = torch._C._current_autograd_node
+_META_KEY = "probe_api"
+
+
+class ApiTracker:
+    """Interceptor handler at L2: names each outermost API call, dumps nothing."""
+
+    def __init__(self):
+        self.counters = {}
+        self.current = None
+
+    def reset_step(self):
+        self.counters.clear()
+        self.current = None
+
+    def __call__(self, name, func, args, kwargs):
+        n = self.counters.get(name, 0)
+        self.counters[name] = n + 1
+        base = f"{name}.{n}"
+        prev = self.current
+        self.current = base + ".forward"
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.current = prev
+        try:
+            fn = out.grad_fn if isinstance(out, torch.Tensor) else None
+            if fn is not None:
+                fn.metadata[_META_KEY] = base + ".backward"
+        except Exception:  # some nodes take no metadata; the kernel entry then lacks "api"
+            pass
+        return out
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, dumper):
+        super().__init__()
+        self._dumper = dumper
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self._dumper.call(func, args, kwargs or {})
+
+
+class KernelDumper:
+    """The dispatch mode's handler; shares writer, filter and stacks with ``api``."""
+
+    def __init__(self, api_collector, aten_ops, tracker):
+        self.api = api_collector
+        self.aten = aten_ops
+        self.tracker = tracker
+        self.counters = {}
+        self.names = {}     # OpOverload -> "Aten.mm.default", or None when the YAML leaves it out
+        self._mode = None
+
+    @property
+    def active(self):
+        return self._mode is not None
+
+    def reset_step(self):
+        self.counters.clear()
+
+    def start(self):
+        if self._mode is None:
+            self._mode = _Mode(self)
+            self._mode.__enter__()
+
+    def stop(self):
+        if self._mode is not None:
+            try:
+                self._mode.__exit__(None, None, None)
+            finally:
+                self._mode = None
+
+    def call(self, func, args, kwargs):
+        name = self.names.get(func, False)
+        if name is False:
+            name = self._name(func)
+        if name is None or blocked.value:
+            return func(*args, **kwargs)
+        n = self.counters.get(name, 0)
+        self.counters[name] = n + 1
+        base = f"{name}.{n}"
+        api = self.api
+        flt = api.filter
+        node = _current_node()
+        if (not (flt.backward if node is not None else flt.forward)) or not flt.wants(base):
+            return func(*args, **kwargs)
+        fwd = base + ".forward"
+        summaries = entry = None
+        state.depth += 1   # probe's own torch calls are not APIs of the run
+        try:
+            summaries = _Summaries(api.cache)
+            entry = {}
+            if flt.inputs:
+                entry["input_args"] = [api._describe(a, summaries, f"{fwd}.input.{i}") for i, a in enumerate(args)]
+                entry["input_kwargs"] = {k: api._describe(v, summaries, f"{fwd}.{k}") for k, v in kwargs.items()}
+            api.stacks.capture(fwd)
+        except Exception as exc:
+            api._fail(name, exc)
+            entry = None
+        finally:
+            state.depth -= 1
+        out = func(*args, **kwargs)
+        if entry is None:
+            return out
+        state.depth += 1
+        try:
+            if flt.outputs:
+                outs = out if isinstance(out, (tuple, list)) else [out]
+                entry["output"] = [api._describe(o, summaries, f"{fwd}.output.{i}") for i, o in enumerate(outs)]
+            summaries.resolve()
+            if node is not None:
+                owner = node.metadata.get(_META_KEY)
+            else:
+                owner = self.tracker.current
+            if owner is not None:
+                entry["api"] = owner
+            api.writer.add_entry(fwd, entry)
+        except Exception as exc:
+            api._fail(name, exc)
+        finally:
+            state.depth -= 1
+        return out
+
+    def _name(self, func):
+        op = getattr(func, "_opname", None)
+        name = None
+        if op is not None and op in self.aten:
+            name = f"Aten.{op}.{func._overloadname}"
+        self.names[func] = name
+        return name

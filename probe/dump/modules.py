@@ -1,0 +1,338 @@
+"""Module-level (L0, mix) dumping: forward, backward and parameter gradients of nn.Modules.
+
+Per-module forward pre/post hooks (``with_kwargs``, ``always_call``) are registered on
+every submodule of the model(s) given to ``start(model)`` and removed at ``stop()``; the
+root module itself is not dumped, as msprobe does, so names line up with its L0 and mix
+dumps: ``Module.blocks.0.fc1.Linear.forward.0``. Backward reuses ``grad_capture``: hooks
+on the autograd nodes the module's forward created, never ``register_full_backward_hook``
+(its identity Function breaks in-place updates of views, e.g. ``nn.ReLU(inplace=True)``
+on a slice). Parameter gradients come from hooks on the parameters and are written as
+``Module.{path}.{Class}.parameters_grad.{k}`` (msprobe 26.x naming; k counts the backward
+passes of the step) once every parameter of the module has its gradient.
+
+The hooks maintain ``Construct.current``, which is how an API call in mix finds its
+parent module in O(1). A hook failure is logged once per module; the module's result is
+never changed (the hooks return None).
+"""
+import dataclasses
+import inspect
+
+import torch
+
+from probe.dump.collector import _Summaries
+from probe.dump.construct import OPTIMIZER
+from probe.hook_module import grad_capture
+from probe.hook_module.interceptor import guard, state
+
+# A module spans many autograd nodes; grad_capture's per-API walk limit is too small.
+_MODULE_MAX_NODES = 1 << 16
+_HOOK_CALL_TAKES_LIMIT = "max_nodes" in inspect.signature(grad_capture.hook_call).parameters
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+
+
+class Blocked:
+    """> 0 while a ``module_dump`` module runs: nothing inside it is dumped (kernels too)."""
+    value = 0
+
+
+blocked = Blocked()
+
+
+def _guard_grad_sum():
+    """Shim until grad_capture guards it: summing the grads of an input reached by several
+    edges (``x`` feeding fc1 and the residual add; ``x * x``) runs ``a + b`` inside a
+    backward hook, which the interceptor would record as a spurious ``Tensor.__add__``."""
+    add = getattr(grad_capture, "_add", None)
+    if add is None or getattr(add, "_probe_guarded", False):
+        return
+
+    def guarded_add(a, b):
+        with guard():
+            return add(a, b)
+    guarded_add._probe_guarded = True
+    grad_capture._add = guarded_add
+
+
+_guard_grad_sum()
+
+
+def _hook_call(before, outputs, n_inputs, seen_grad, on_done):
+    if _HOOK_CALL_TAKES_LIMIT:
+        return grad_capture.hook_call(before, outputs, n_inputs, seen_grad, on_done,
+                                      max_nodes=_MODULE_MAX_NODES)
+    old = getattr(grad_capture, "_MAX_NODES", None)
+    if old is None:
+        return grad_capture.hook_call(before, outputs, n_inputs, seen_grad, on_done)
+    grad_capture._MAX_NODES = _MODULE_MAX_NODES
+    try:
+        return grad_capture.hook_call(before, outputs, n_inputs, seen_grad, on_done)
+    finally:
+        grad_capture._MAX_NODES = old
+
+
+def _plain(out):
+    """A dataclass output (HF ModelOutput is also a dict) as a dict of its fields."""
+    if dataclasses.is_dataclass(out) and not isinstance(out, (dict, type)):
+        return {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
+    return out
+
+
+def _flatten(value, out):
+    """Every tensor in a nested args/kwargs/output structure, in order."""
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _flatten(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _flatten(v, out)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            _flatten(getattr(value, f.name), out)
+    return out
+
+
+class ModuleDumper:
+    """Module hooks of one dump run; shares writer, filter, stacks and summaries with ``api``."""
+
+    def __init__(self, api_collector, construct):
+        self.api = api_collector
+        self.construct = construct
+        self.counters = {}
+        self.handles = []
+        self.running = []            # (module, call or None, parent, scope key) per module call
+        self.dumped = set()          # module names with a dumped forward this step
+        self.grad_pending = {}       # module name -> {param name: summary}
+        self.grad_counters = {}
+        self.grad_flush_queued = False
+        self.optimizer_prev = []
+
+    def reset_step(self):
+        self.counters.clear()
+        self.running.clear()
+        self.dumped.clear()
+        self.grad_pending.clear()
+        self.grad_counters.clear()
+
+    # ---- attaching --------------------------------------------------------
+    def attach(self, models):
+        """Hook every submodule of ``models`` (a module or a list of them)."""
+        if isinstance(models, torch.nn.Module):
+            models = [models]
+        models = list(models)
+        owners = {}   # parameter -> [(module name, parameter name, module's parameter count)]
+        for i, model in enumerate(models):
+            prefix = f"{i}." if len(models) > 1 else ""
+            for path, module in model.named_modules():
+                if not path:
+                    continue  # the root is not dumped (msprobe's names)
+                name = f"Module.{prefix}{path}.{type(module).__name__}"
+                self._hook_module(module, name, whole=False)
+                params = [(p_name, p) for p_name, p in module._parameters.items()
+                          if p is not None and p.requires_grad]
+                for p_name, p in params:
+                    owners.setdefault(p, []).append((name, p_name, [n for n, _ in params]))
+        for p, who in owners.items():
+            self.handles.append(p.register_hook(self._param_hook(who)))
+
+    def attach_whole(self, module, name):
+        """``module_dump``: the module as one entry, nothing inside it. Returns the handles."""
+        before = len(self.handles)
+        self._hook_module(module, f"Module.{name}.{type(module).__name__}", whole=True)
+        handles = self.handles[before:]
+        del self.handles[before:]
+        return handles
+
+    def attach_optimizer(self):
+        """mix: APIs run by ``optimizer.step()`` map to "optimizer" in construct.json."""
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)
+        construct = self.construct
+
+        def pre(optimizer, args, kwargs):
+            self.optimizer_prev.append(construct.current)
+            construct.tree.setdefault("optimizer", None)
+            construct.current = OPTIMIZER
+
+        def post(optimizer, args, kwargs):
+            if self.optimizer_prev:
+                construct.current = self.optimizer_prev.pop()
+        self.handles.append(register_optimizer_step_pre_hook(pre))
+        self.handles.append(register_optimizer_step_post_hook(post))
+
+    def detach(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.running.clear()
+        if self.construct is not None:
+            self.construct.current = None
+
+    # ---- forward ------------------------------------------------------------
+    def _hook_module(self, module, name, whole):
+        api = self.api
+        flt = api.filter
+        counters = self.counters
+        running = self.running
+        construct = self.construct
+
+        def pre(mod, args, kwargs):
+            if state.depth or blocked.value:
+                return None
+            n = counters.get(name, 0)
+            counters[name] = n + 1
+            fwd = f"{name}.forward.{n}"
+            key = f"{name}.{n}"
+            if not flt.wants(key, fwd, module=True):
+                running.append((mod, None, None, key))
+            else:
+                parent = construct.current if construct is not None else None
+                call = None
+                state.depth += 1
+                try:
+                    call = self._before(mod, name, fwd, args, kwargs, parent)
+                except Exception as exc:
+                    api._fail(name, exc)
+                finally:
+                    state.depth -= 1
+                running.append((mod, call, parent, key))
+                if construct is not None:
+                    construct.tree[fwd] = parent and parent[0]
+                    construct.current = (fwd, call["bwd"] if call else None)
+            if whole:
+                blocked.value += 1
+            return None
+
+        def post(mod, args, kwargs, output):
+            if whole and blocked.value:
+                blocked.value -= 1
+            if state.depth or blocked.value:
+                return None
+            while running:
+                frame = running.pop()
+                if frame[0] is mod:
+                    break
+            else:
+                return None
+            _, call, parent, key = frame
+            flt.module_exit(key)
+            if call is None:
+                return None
+            if construct is not None:
+                construct.current = parent
+            state.depth += 1
+            try:
+                self._after(call, output)
+            except Exception as exc:
+                api._fail(name, exc)
+            finally:
+                state.depth -= 1
+            return None
+
+        self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        self.handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+
+    def _before(self, module, name, fwd, args, kwargs, parent):
+        api = self.api
+        flt = api.filter
+        summaries = _Summaries(api.cache)
+        call = {"name": name, "fwd": fwd, "bwd": f"{name}.backward.{fwd.rsplit('.', 1)[1]}",
+                "summaries": summaries, "entry": {}, "params": None, "grad": None, "parent": parent}
+        self.dumped.add(name)
+        if flt.forward:
+            if flt.inputs:
+                call["entry"]["input_args"] = [api._describe(a, summaries, f"{fwd}.input.{i}")
+                                               for i, a in enumerate(args)]
+                call["entry"]["input_kwargs"] = {k: api._describe(v, summaries, f"{fwd}.{k}")
+                                                 for k, v in kwargs.items()}
+                call["params"] = {k: api._describe(p, summaries, f"{fwd}.parameters.{k}")
+                                  for k, p in module._parameters.items() if p is not None}
+            api.stacks.capture(fwd)
+        if flt.backward and torch.is_grad_enabled():
+            inputs = _flatten(kwargs, _flatten(args, []))
+            call["grad"] = (grad_capture.edges_before(inputs), len(inputs))
+        return call
+
+    def _after(self, call, output):
+        api = self.api
+        flt = api.filter
+        summaries = call["summaries"]
+        entry = call["entry"]
+        out = _plain(output)
+        if flt.forward:
+            if flt.outputs:
+                outs = out if isinstance(out, (tuple, list)) else [out]
+                entry["output"] = [api._describe(o, summaries, f"{call['fwd']}.output.{i}")
+                                   for i, o in enumerate(outs)]
+            if call["params"] is not None:
+                entry["parameters"] = call["params"]
+            summaries.resolve()
+            api.writer.add_entry(call["fwd"], entry)
+        if call["grad"] is not None:
+            before, n_inputs = call["grad"]
+            outputs = _flatten(out, [])
+            if any(t.requires_grad for t in outputs):
+                _hook_call(before, outputs, n_inputs, api._grad_seen, self._backward_done_fn(call))
+
+    # ---- backward -----------------------------------------------------------
+    def _backward_done_fn(self, call):
+        api = self.api
+        name, bwd, parent = call["name"], call["bwd"], call["parent"]
+        construct = self.construct
+
+        def on_done(out_grads, in_grads):
+            try:
+                entry = {}
+                if api.filter.inputs:
+                    entry["input"] = [api._finish_grad(g, f"{bwd}.input.{i}") for i, g in enumerate(out_grads)]
+                if api.filter.outputs:
+                    entry["output"] = [api._finish_grad(g, f"{bwd}.output.{i}") for i, g in enumerate(in_grads)]
+                api.writer.add_entry(bwd, entry)
+                if construct is not None:
+                    construct.tree[bwd] = parent and parent[1]
+            except Exception as exc:
+                api._fail(name, exc)
+        return on_done
+
+    def _param_hook(self, owners):
+        api = self.api
+
+        def hook(grad):
+            if not api.filter.backward:
+                return None
+            try:
+                summary = None
+                for name, p_name, order in owners:
+                    if name not in self.dumped:
+                        continue
+                    if summary is None:
+                        summary = api._grad_seen(grad)
+                    pending = self.grad_pending.setdefault(name, {})
+                    pending[p_name] = summary if len(owners) == 1 else dict(summary)
+                    if len(pending) == len(order):
+                        self._flush_grads(name, order)
+                    elif not self.grad_flush_queued:
+                        self.grad_flush_queued = True
+                        _queue_callback(self._flush_all_grads)
+            except Exception as exc:
+                api._fail(owners[0][0], exc)
+            return None
+        return hook
+
+    def _flush_all_grads(self):
+        self.grad_flush_queued = False
+        for name in list(self.grad_pending):
+            self._flush_grads(name)
+
+    def _flush_grads(self, name, order=None):
+        pending = self.grad_pending.pop(name, None)
+        if not pending:
+            return
+        k = self.grad_counters.get(name, 0)
+        self.grad_counters[name] = k + 1
+        entry_name = f"{name}.parameters_grad.{k}"
+        api = self.api
+        keys = order or list(pending)
+        entry = {p: [api._finish_grad(pending[p], f"{entry_name}.{p}")] for p in keys if p in pending}
+        api.writer.add_entry(entry_name, entry)
