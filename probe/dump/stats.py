@@ -8,12 +8,15 @@ recognised by identity and its version counter.
 On CUDA/NPU the scalars of one call are stacked on the device and fetched with a single
 host transfer (``fetch``), never one ``.item()`` per scalar.
 """
+import math
 import weakref
 import zlib
 
+import numpy as np
 import torch
 
 _FLOAT_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+_NUMPY_FAST = (torch.float32, torch.float64)
 _NO_STATS = (None, None, None, None)
 
 
@@ -26,6 +29,8 @@ def reductions(t):
         return None
     dt = t.dtype
     t = t.detach()
+    if dt in _NUMPY_FAST and t.device.type == "cpu" and not t.is_conj() and not t.is_neg():
+        return dt, t.numel(), _cpu_float_stats(t)
     if dt.is_floating_point:
         acc = _FLOAT_WIDE.get(dt, dt)
         mn, mx = torch.aminmax(t)
@@ -39,24 +44,38 @@ def reductions(t):
     return dt, t.numel(), (mx, mn, s, n)
 
 
+def _cpu_float_stats(t):
+    """Max/Min/Sum/Norm of a CPU float32/float64 tensor through numpy, which is 1.5-2x
+    faster than torch here (torch.aminmax alone costs more than numpy's max and min)."""
+    a = t.numpy()
+    s = torch.sum(t).item()  # torch's CPU sum accumulates in double
+    flat = a.reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        n2 = float(np.dot(flat, flat))
+    mx, mn = float(a.max()), float(a.min())
+    if math.isinf(n2) and math.isfinite(mx) and math.isfinite(mn):  # x*x overflowed
+        n = torch.linalg.vector_norm(t, dtype=torch.float64).item()
+    else:
+        n = math.sqrt(n2) if n2 == n2 else n2  # NaN stays NaN
+    return mx, mn, s, n
+
+
 def fetch(pending):
     """(Max, Min, Mean, Norm) for each result of ``reductions``, in one host transfer."""
-    scalars = [x for p in pending if p is not None for x in p[2]]
-    if not scalars:
-        return [_NO_STATS] * len(pending)
-    if scalars[0].device.type == "cpu":
-        values = [x.item() for x in scalars]  # no device sync on the CPU
-    else:
-        values = torch.stack([x.to(torch.float64) for x in scalars]).tolist()
+    scalars = [x for p in pending if p is not None for x in p[2] if type(x) is not float]
+    values = iter(())
+    if scalars:
+        if scalars[0].device.type == "cpu":
+            values = iter([x.item() for x in scalars])  # no device sync on the CPU
+        else:
+            values = iter(torch.stack([x.to(torch.float64) for x in scalars]).tolist())
     out = []
-    k = 0
     for p in pending:
         if p is None:
             out.append(_NO_STATS)
             continue
-        dtype, numel = p[0], p[1]
-        mx, mn, s, n = values[k:k + 4]
-        k += 4
+        dtype, numel, parts = p
+        mx, mn, s, n = (x if type(x) is float else next(values) for x in parts)
         if dtype == torch.bool:
             mx, mn = bool(mx), bool(mn)
         elif not dtype.is_floating_point:
