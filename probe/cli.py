@@ -12,6 +12,8 @@ import sys
 COMMANDS = {
     "init": ("probe.init_config", "write an editable config.json and support_wrap_ops.yaml"),
     "compare": ("probe.compare.cli", "compare an NPU dump with a bench dump into an Excel report"),
+    "run-ut": ("probe.precheck.run_ut_cli", "pre-check every dumped API against a float64 golden on a trusted device"),
+    "overflow": ("probe.precheck.overflow_cli", "find the first API that produced Inf/NaN in a dump"),
 }
 
 
