@@ -1,0 +1,165 @@
+"""Small helpers shared by the forensics features: stacks, module paths, files, logging.
+
+Everything here runs inside a user's training step, so every function is cheap on the
+path that runs per call (frame walks keep code objects, formatting waits for a report)
+and nothing here may raise into the user's code: callers wrap it and log once.
+"""
+import json
+import logging
+import linecache
+import os
+import sys
+import threading
+
+import torch
+
+log = logging.getLogger("probe")
+
+_PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+# torch frames that are dispatch plumbing, never the line that called the API
+_PLUMBING = tuple(_TORCH_DIR + p for p in (
+    "overrides.py", os.path.join("utils", "_python_dispatch.py"), os.path.join("utils", "_device.py"),
+    "_ops.py", "_library" + os.sep, os.path.join("autograd", "__init__.py"), "_tensor.py",
+    os.path.join("autograd", "graph.py")))
+_CALL_IMPL = torch.nn.Module._call_impl.__code__
+
+_failed = set()
+_failed_lock = threading.Lock()
+
+
+def log_once(key, msg, *args):
+    """Warn once per ``key``: a broken feature must not flood a training log."""
+    with _failed_lock:
+        if key in _failed:
+            return
+        _failed.add(key)
+    log.warning(msg, *args)
+
+
+def _is_plumbing(filename):
+    return filename.startswith(_PROBE_DIR) or filename.startswith(_PLUMBING)
+
+
+def capture(skip=1):
+    """(frames, modules) of the current call site, cheaply.
+
+    ``frames`` is a tuple of (code, line), innermost first, without probe's and torch's
+    dispatch frames; ``modules`` the nn.Modules whose ``__call__`` is on the stack,
+    outermost first. Format them with :func:`format_frames` / :func:`module_path` only
+    when something is reported.
+    """
+    f = sys._getframe(skip)
+    while f is not None and _is_plumbing(f.f_code.co_filename):
+        f = f.f_back
+    frames = []
+    modules = []
+    while f is not None:
+        code = f.f_code
+        if code is _CALL_IMPL:
+            m = f.f_locals.get("self")
+            if m is not None:
+                modules.append(m)
+        frames.append((code, f.f_lineno))
+        f = f.f_back
+    modules.reverse()
+    return tuple(frames), tuple(modules)
+
+
+def format_frames(frames):
+    """stack.json's frame strings, innermost first."""
+    out = []
+    for code, line in frames:
+        src = linecache.getline(code.co_filename, line).strip()
+        out.append(f"File {code.co_filename}, line {line}, in {code.co_name}, \n {src}")
+    return out
+
+
+def module_path(modules):
+    """{"module_path": "0.fc1", "module_classes": ["Sequential", "Block", "Linear"]}.
+
+    The dotted name is found by looking each module up in its caller's children, as
+    ``named_modules()`` would name it from the outermost module on the stack.
+    """
+    if not modules:
+        return {"module_path": None, "module_classes": []}
+    parts = []
+    for parent, child in zip(modules, modules[1:]):
+        name = next((k for k, v in parent._modules.items() if v is child), None)
+        parts.append(name if name is not None else f"<{type(child).__name__}>")
+    return {"module_path": ".".join(parts), "module_classes": [type(m).__name__ for m in modules]}
+
+
+def user_line(frames):
+    """'file:line in func' of the innermost frame, for one-line console reports."""
+    if not frames:
+        return "?"
+    code, line = frames[0]
+    return f"{code.co_filename}:{line} in {code.co_name}"
+
+
+def write_json(path, obj):
+    """Write atomically (a reader never sees half a file)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def iter_tensors(value, path="", out=None):
+    """[(path, tensor)] of the tensors in nested lists/tuples/dicts, in argument order."""
+    if out is None:
+        out = []
+    if isinstance(value, torch.Tensor):
+        out.append((path, value))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            iter_tensors(v, f"{path}.{i}" if path else str(i), out)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            iter_tensors(v, f"{path}.{k}" if path else str(k), out)
+    return out
+
+
+def describe_tensor(t):
+    """dtype/shape/stride/device of a tensor, without touching its values."""
+    d = {"dtype": str(t.dtype), "shape": list(t.shape), "device": str(t.device)}
+    try:
+        d["stride"] = list(t.stride())
+    except (RuntimeError, NotImplementedError):   # sparse, nested: no strides
+        d["stride"] = None
+    return d
+
+
+def cpu_copy(t):
+    """A CPU copy with its own compact storage (a view must not save its whole base).
+
+    Device tensors come back in the plain layout (``.cpu()`` converts NPU internal
+    formats), so what is saved loads on any machine.
+    """
+    t = t.detach()
+    if t.device.type == "cpu":
+        return t.clone()
+    return t.to("cpu")
+
+
+def summary(t):
+    """Max/Min/Mean/Norm of a CPU tensor, as dump.json records them (None when empty)."""
+    if t.numel() == 0 or t.is_complex():
+        return {"Max": None, "Min": None, "Mean": None, "Norm": None}
+    w = t.to(torch.float64)
+    if t.dtype == torch.bool:
+        mx, mn = bool(w.max()), bool(w.min())
+    elif not t.dtype.is_floating_point:
+        mx, mn = int(w.max()), int(w.min())
+    else:
+        mx, mn = float(w.max()), float(w.min())
+    return {"Max": mx, "Min": mn, "Mean": float(w.mean()), "Norm": float(torch.linalg.vector_norm(w))}
+
+
+def current_rank():
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return None

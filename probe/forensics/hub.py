@@ -1,0 +1,298 @@
+"""One interceptor handler for every forensics feature, and the one place that touches the debugger.
+
+The interceptor calls ``handler(name, func, args, kwargs)`` for each registered call.
+:class:`ForensicsHandler` wraps the debugger's handler (the dump collector) and gives
+each enabled feature three moments: ``before`` the call, ``after`` it with the result,
+``failed`` with the API's exception. A feature failing is logged once and ignored; the
+API's exception is re-raised as the same object; the result is returned untouched.
+
+Custom ops (``torch.library``, torch_npu's ``torch.ops.npu.*``) are not in the API
+registry, yet they are where kernels crash and meta functions disagree. While a
+feature is on, they reach the features as ``Custom.{namespace}.{op}.{overload}``;
+they are not handed to the collector, so dump.json is the same as without forensics.
+
+Wiring (the only code that knows the debugger's attribute names) is :func:`hub`.
+"""
+import threading
+
+import torch
+
+from probe.forensics._common import capture, log_once
+
+CUSTOM_PREFIX = "Custom."
+# Namespaces of ops that ship with torch: the registry covers them where it wants them.
+_BUILTIN_NAMESPACES = frozenset({
+    "aten", "prims", "prim", "_c10d_functional", "_c10d_functional_autograd", "c10d",
+    "_dtensor", "profiler", "higher_order", "quantized", "_quantized", "rngprims",
+    "debugprims", "inductor", "mkldnn", "onednn", "_test", "_functorch", "_inductor_test",
+    "quantized_decomposed", "_nested_tensor", "_prims", "fsdp", "symm_mem", "_export",
+    "streams", "aoti_torch", "_quant",
+})
+
+
+def custom_op_name(func):
+    """'Custom.ns.op.overload' for a non-builtin torch.ops operator, else None."""
+    ops = torch._ops
+    if isinstance(func, ops.OpOverload):
+        ns = func.namespace
+        if ns in _BUILTIN_NAMESPACES:
+            return None
+        return f"{CUSTOM_PREFIX}{ns}.{func._opname}.{func._overloadname}"
+    if isinstance(func, ops.OpOverloadPacket):
+        ns, _, op = func._qualified_op_name.partition("::")
+        if ns in _BUILTIN_NAMESPACES:
+            return None
+        return f"{CUSTOM_PREFIX}{ns}.{op}"
+    return None
+
+
+class WithCustomOps(dict):
+    """The registry's ``by_func`` that also names custom ops (looked up on first sight)."""
+
+    def get(self, func, default=None):
+        name = dict.get(self, func, _MISS)
+        if name is not _MISS:
+            return name
+        try:
+            name = custom_op_name(func)
+            self[func] = name   # cached, None included: the hot path stays one dict lookup
+        except TypeError:       # unhashable: not an operator
+            name = None
+        return default if name is None else name
+
+
+_MISS = object()
+
+
+class Call:
+    """One intercepted call as features see it; ``entry`` is named on first use."""
+    __slots__ = ("name", "func", "args", "kwargs", "_entry", "_namer", "_site")
+
+    def __init__(self, name, func, args, kwargs, namer):
+        self.name, self.func, self.args, self.kwargs = name, func, args, kwargs
+        self._entry = None
+        self._namer = namer
+        self._site = None
+
+    @property
+    def entry(self):
+        """'Functional.linear.3' — valid once the inner handler has run (it counts)."""
+        if self._entry is None:
+            self._entry = self._namer(self.name)
+        return self._entry
+
+    def site(self):
+        """(frames, modules) of the user's call, captured once per call."""
+        if self._site is None:
+            self._site = capture(2)
+        return self._site
+
+
+class Namer:
+    """Entry names as the dump names them.
+
+    Registered APIs: the collector's own counter, so a crash dump or report names the
+    same entry as dump.json. Custom ops, or no collector: a counter here, restarted
+    when the debugger's step changes.
+    """
+
+    def __init__(self, debugger=None):
+        self._debugger = debugger
+        self._counts = {}
+        self._step = None
+        self._lock = threading.Lock()
+
+    def count(self, name):
+        """Called once per call the collector does not count."""
+        d = self._debugger
+        step = getattr(d, "current_step", None)
+        with self._lock:
+            if step != self._step:
+                self._step = step
+                self._counts.clear()
+            n = self._counts.get(name, 0)
+            self._counts[name] = n + 1
+        return n
+
+    def last(self, name):
+        with self._lock:
+            return self._counts.get(name, 1) - 1
+
+    def collector_counts(self, name):
+        """True when the wrapped handler counts ``name`` (the debugger's collector)."""
+        d = self._debugger
+        return d is not None and getattr(d, "_collector", None) is not None and not name.startswith(CUSTOM_PREFIX)
+
+    def __call__(self, name):
+        if self.collector_counts(name):
+            n = self._debugger._collector.counters.get(name)
+            if n:
+                return f"{name}.{n - 1}"
+        return f"{name}.{self.last(name)}"
+
+
+class ForensicsHandler:
+    """Interceptor handler: runs the wrapped handler and lets features watch the call."""
+    _probe_forensics = True
+
+    def __init__(self, inner, namer=None, features=()):
+        self.inner = inner
+        self.namer = namer or Namer()
+        self.features = list(features)
+
+    def add(self, feature):
+        for f in self.features:
+            if type(f) is type(feature):
+                return f
+        self.features.append(feature)
+        return feature
+
+    def remove(self, cls):
+        self.features = [f for f in self.features if not isinstance(f, cls)]
+
+    def get(self, cls):
+        return next((f for f in self.features if isinstance(f, cls)), None)
+
+    def __call__(self, name, func, args, kwargs):
+        features = self.features
+        custom = name.startswith(CUSTOM_PREFIX)
+        if not features:
+            return func(*args, **kwargs) if custom else self.inner(name, func, args, kwargs)
+        if custom or not self.namer.collector_counts(name):
+            self.namer.count(name)
+        call = Call(name, func, args, kwargs, self.namer)
+        states = []
+        for f in features:
+            try:
+                states.append((f, f.before(call)))
+            except Exception as exc:
+                log_once((type(f), "before"), "probe: %s failed before %s (%s: %s); the call is unaffected",
+                         type(f).__name__, name, type(exc).__name__, exc)
+        try:
+            out = func(*args, **kwargs) if custom else self.inner(name, func, args, kwargs)
+        except Exception as exc:
+            for f, s in states:
+                try:
+                    f.failed(call, s, exc)
+                except Exception as err:
+                    log_once((type(f), "failed"), "probe: %s could not record %s's exception (%s: %s)",
+                             type(f).__name__, name, type(err).__name__, err)
+            raise
+        for f, s in states:
+            try:
+                f.after(call, s, out)
+            except Exception as exc:
+                log_once((type(f), "after"), "probe: %s failed after %s (%s: %s); the result is unaffected",
+                         type(f).__name__, name, type(exc).__name__, exc)
+        return out
+
+
+class Feature:
+    """Base of the forensics features: every moment is optional."""
+
+    def before(self, call):
+        return None
+
+    def after(self, call, state, out):
+        pass
+
+    def failed(self, call, state, exc):
+        pass
+
+
+# ---- wiring into a PrecisionDebugger ---------------------------------------------------
+def install_on(interceptor, namer=None):
+    """Wrap ``interceptor.handler`` (once) and let it see custom ops; returns the wrapper."""
+    h = interceptor.handler
+    if not getattr(h, "_probe_forensics", False):
+        h = ForensicsHandler(h, namer)
+        interceptor.handler = h
+    resolved = interceptor.resolved
+    if not isinstance(resolved.by_func, WithCustomOps):
+        resolved.by_func = WithCustomOps(resolved.by_func)
+    mode = getattr(interceptor, "_mode", None)
+    if mode is not None and not isinstance(getattr(mode, "_by_func", None), WithCustomOps):
+        mode._by_func = resolved.by_func   # already started: its mode kept the old table
+    return h
+
+
+def hub(debugger):
+    """The debugger's ForensicsHandler, wired in now or right after its first ``start()``.
+
+    Returns a :class:`Hub` whose ``add(feature)`` works in both cases.
+    """
+    h = getattr(debugger, "_probe_forensics_hub", None)
+    if h is None:
+        h = Hub(debugger)
+        debugger._probe_forensics_hub = h
+    h.attach()
+    return h
+
+
+class Hub:
+    """Features enabled on one debugger; they are handed to its handler when it exists."""
+
+    def __init__(self, debugger):
+        self.debugger = debugger
+        self.namer = Namer(debugger)
+        self.handler = None
+        self.pending = []
+        self._start_wrapped = False
+
+    def attach(self):
+        d = self.debugger
+        interceptor = getattr(d, "_interceptor", None)
+        if interceptor is None:
+            self._wrap_start()
+            return None
+        h = install_on(interceptor, self.namer)
+        if h is not self.handler:
+            self.handler = h
+            for f in self.pending:
+                h.add(f)
+            self.pending = []
+        return h
+
+    def add(self, feature):
+        if self.handler is not None:
+            return self.handler.add(feature)
+        for f in self.pending:
+            if type(f) is type(feature):
+                return f
+        self.pending.append(feature)
+        return feature
+
+    def get(self, cls):
+        if self.handler is not None:
+            return self.handler.get(cls)
+        return next((f for f in self.pending if isinstance(f, cls)), None)
+
+    def remove(self, cls):
+        self.pending = [f for f in self.pending if not isinstance(f, cls)]
+        if self.handler is not None:
+            self.handler.remove(cls)
+
+    def _wrap_start(self):
+        # The interceptor is made by the first start(): hook in right after it.
+        if self._start_wrapped:
+            return
+        d = self.debugger
+        original = d.start
+        hub_ref = self
+
+        def start(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if getattr(d, "_interceptor", None) is not None:
+                try:
+                    del d.start          # back to the class's method
+                except AttributeError:
+                    pass
+                hub_ref._start_wrapped = False
+                try:
+                    hub_ref.attach()
+                except Exception as exc:
+                    log_once("hub-attach", "probe: forensics could not attach (%s: %s)", type(exc).__name__, exc)
+            return result
+
+        d.start = start
+        self._start_wrapped = True
