@@ -1,0 +1,159 @@
+"""Crash safety and file I/O of the dump (issue #2, item 8)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import probe.dump.writer as writer_mod
+from conftest import HERE, load_dump
+from models import make_mlp, train_step
+
+CHILD = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {here!r})
+    import probe.dump.writer as w
+    w._FLUSH_SECONDS = 0
+    from probe import PrecisionDebugger
+    from models import make_mlp, train_step
+    dbg = PrecisionDebugger(dump_path=sys.argv[1], task=sys.argv[2])
+    model, x, y = make_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        dbg.start(); train_step(model, opt, x, y); dbg.stop(); dbg.step()
+    dbg.start()
+    print("STEP2", flush=True)
+    while True:  # mid-step, busy, until killed
+        train_step(model, opt, x, y)
+""")
+
+
+def _all_files_named(rank_dir, data):
+    names = []
+
+    def walk(v):
+        if isinstance(v, dict):
+            if "data_name" in v:
+                names.append(v["data_name"])
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+    walk(data)
+    return names
+
+
+def test_killed_mid_step_leaves_valid_files(dump_dir, tmp_path):
+    """SIGKILL mid-step (tensor task): earlier steps complete, the current dump.json valid JSON."""
+    task = "tensor"
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(here=HERE))
+    proc = subprocess.Popen([sys.executable, str(script), dump_dir, task], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "STEP2", proc.stderr.read()
+        current = os.path.join(dump_dir, "step2", "rank", "dump.json")
+        deadline = time.monotonic() + 20
+        seen = 0
+        while time.monotonic() < deadline and seen < 100:  # let it write a few flushes, then kill
+            time.sleep(0.05)
+            try:
+                with open(current) as f:
+                    seen = len(json.load(f)["data"])
+            except (OSError, ValueError):
+                pass
+        assert seen >= 100, "the current step's entries never reached the disk"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    step2 = load_dump(dump_dir, 2)        # valid JSON despite the kill
+    assert len(step2) >= seen
+    first = load_dump(dump_dir, 0)
+    assert list(load_dump(dump_dir, 1)) == list(first)  # earlier steps complete
+    assert any(n.endswith(".backward") for n in first) and any(n.startswith("Tensor.add_") for n in first)
+    for step in (0, 1):
+        rank_dir = os.path.join(dump_dir, f"step{step}", "rank")
+        stack = load_dump(dump_dir, step, name="stack.json")
+        assert {n for names, _ in stack.values() for n in names} == {n for n in first if n.endswith("forward")}
+        for name in _all_files_named(rank_dir, load_dump(dump_dir, step)):
+            np.load(os.path.join(rank_dir, "dump_tensor_data", name))
+
+
+def test_files_are_complete_when_step_returns(make_debugger, dump_dir, monkeypatch):
+    real = writer_mod._write_npy
+
+    def slow_write(path, arr):  # a slow disk: the writer thread lags behind training
+        time.sleep(0.002)
+        real(path, arr)
+
+    monkeypatch.setattr(writer_mod, "_write_npy", slow_write)
+    model, x, y = make_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dbg = make_debugger(task="tensor")
+    dbg.start()
+    train_step(model, opt, x, y)
+    dbg.stop()
+    dbg.step()
+    rank_dir = os.path.join(dump_dir, "step0", "rank")
+    data = load_dump(dump_dir)
+    names = _all_files_named(rank_dir, data)
+    assert len(names) > 50
+    assert sorted(names) == sorted(os.listdir(os.path.join(rank_dir, "dump_tensor_data")))
+    for name in names:
+        np.load(os.path.join(rank_dir, "dump_tensor_data", name))
+    assert load_dump(dump_dir, name="stack.json")
+
+
+def test_tensor_queue_is_bounded(make_debugger, dump_dir, monkeypatch):
+    limit = 4096
+    monkeypatch.setattr(writer_mod, "_MAX_PENDING_BYTES", limit)
+    peak = []
+    dbg = make_debugger(task="tensor")
+    real = writer_mod._write_npy
+
+    def slow_write(path, arr):
+        peak.append(dbg._writer._bytes)
+        time.sleep(0.001)
+        real(path, arr)
+
+    monkeypatch.setattr(writer_mod, "_write_npy", slow_write)
+    x = torch.randn(8, 8)  # 256 bytes per tensor file
+    dbg.start()
+    for _ in range(100):
+        torch.exp(x)
+    dbg.stop()
+    dbg.step()
+    assert len(peak) == 200 and max(peak) <= limit
+    assert len(os.listdir(os.path.join(dump_dir, "step0", "rank", "dump_tensor_data"))) == 200
+
+
+def test_rerun_into_same_path_replaces_that_step(make_debugger, dump_dir):
+    x = torch.randn(4)
+    first = make_debugger(task="tensor")
+    for _ in range(2):
+        first.start()
+        torch.exp(x)
+        torch.sin(x)
+        first.stop()
+        first.step()
+    first.close()
+    second = make_debugger(task="statistics", step=[0])
+    second.start()
+    torch.cos(x)
+    second.stop()
+    second.step()
+    second.close()
+    assert list(load_dump(dump_dir, 0)) == ["Torch.cos.0.forward"]
+    assert sorted(os.listdir(os.path.join(dump_dir, "step0", "rank"))) == ["construct.json", "dump.json", "stack.json"]
+    assert list(load_dump(dump_dir, 1)) == ["Torch.exp.0.forward", "Torch.sin.0.forward"]  # untouched
+    leftovers = [os.path.join(root, n) for root, dirs, files in os.walk(dump_dir) for n in dirs + files
+                 if n.startswith(".")]
+    assert leftovers == []
+    assert sorted(os.listdir(dump_dir)) == ["step0", "step1"]
