@@ -1,0 +1,28 @@
+"""Forensics for failures that take days by hand (issue #6).
+
+* :mod:`~probe.forensics.crash` — an API that raises saves its inputs, stack and a
+  repro script to ``{dump_path}/exception/{entry}/``, then the exception goes on.
+* :mod:`~probe.forensics.repro` — ``probe repro``: one dumped call as a script that
+  needs only torch.
+* :mod:`~probe.forensics.meta_check` — meta (fake-tensor) inference vs the kernel's
+  real output dtype/shape/stride (task ``meta_check``, ``probe meta-check``).
+* :mod:`~probe.forensics.backward_origin` — the forward API behind a backward that
+  raises or yields NaN/Inf.
+
+Each feature plugs into a running :class:`~probe.PrecisionDebugger` from outside via
+its ``enable(debugger)``; :func:`attach` is the one call the debugger makes at start().
+"""
+
+
+def attach(debugger):
+    """Enable what a debugger's config asks for: crash dumps and backward origin always,
+    the meta check for task ``meta_check``. Safe to call at every ``start()``."""
+    from probe.forensics import backward_origin, crash, hub, meta_check
+    h = hub.hub(debugger)
+    if h.get(crash.CrashDump) is None:
+        crash.enable(debugger)
+    if h.get(backward_origin.BackwardOrigin) is None:
+        backward_origin.enable(debugger)
+    if getattr(debugger.config, "task", None) == "meta_check" and h.get(meta_check.MetaCheck) is None:
+        meta_check.enable(debugger)
+    return h
