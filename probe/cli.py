@@ -15,6 +15,8 @@ COMMANDS = {
     "compare": ("probe.compare.cli", "compare an NPU dump with a bench dump into an Excel report"),
     "run-ut": ("probe.precheck.run_ut_cli", "pre-check every dumped API against a float64 golden on a trusted device"),
     "overflow": ("probe.precheck.overflow_cli", "find the first API that produced Inf/NaN in a dump"),
+    "repro": ("probe.forensics.repro_cli", "write a standalone script that reruns one dumped API call"),
+    "meta-check": ("probe.forensics.meta_check_cli", "run a script checking meta (fake) inference against real outputs"),
 }
 
 
