@@ -57,6 +57,22 @@ class PendingGrads:
         self.on_done(self.out_grads, in_grads)
 
 
+def _split_shared(links):
+    """One tensor passed as several arguments (``x * x``) reaches a node through as many
+    edges; give each argument its own edge, in order, when the counts agree."""
+    groups = {}
+    for k, slots in links:
+        groups.setdefault(id(slots), []).append(k)
+    out = []
+    for k, slots in links:
+        ks = groups[id(slots)]
+        if len(slots) > 1 and len(ks) == len(slots):
+            out.append((k, [slots[ks.index(k)]]))
+        else:
+            out.append((k, slots))
+    return out
+
+
 def _add(a, b):
     return b if a is None else a + b
 
@@ -127,6 +143,7 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done):
             seen.add(fn)
     while stack:
         node = stack.pop()
+        links = []
         for k, (nxt, nr) in enumerate(node.next_functions):
             if nxt is None:
                 continue
@@ -136,7 +153,7 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done):
                 if var is not None:
                     slots = leaves.get(id(var))
             if slots is not None:
-                boundary.setdefault(node, []).append((k, slots))
+                links.append((k, slots))
                 continue
             if nxt in seen or nxt._sequence_nr() <= floor or not hasattr(nxt, "next_functions"):
                 continue
@@ -144,6 +161,8 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done):
                 return None
             seen.add(nxt)
             stack.append(nxt)
+        if links:
+            boundary[node] = _split_shared(links)
 
     pending = PendingGrads(len(outputs), n_inputs, len(boundary), seen_grad, on_done)
     queued = []
