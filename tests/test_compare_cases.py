@@ -230,7 +230,7 @@ def test_xlsx_fills_types_and_summary(tmp_path):
     header = [c.value for c in ws[1]]
     assert header[:8] == ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape",
                           "Bench Tensor Shape", "NPU Requires_grad", "Bench Requires_grad"]
-    assert "NPU_Stack_Info" in header and header[-3:] == ["Direction", "Tolerance Dtype", "Err/Tolerance"]
+    assert "NPU_Stack_Info" in header and header[-4:] == ["Direction", "Tolerance Dtype", "Err/Tolerance", "Match"]
     assert ws.freeze_panes == "A2" and ws.auto_filter.ref.startswith("A1:")
     col = {h: i + 1 for i, h in enumerate(header)}
     results = {ws.cell(r, 1).value: ws.cell(r, col["Result"]).value for r in range(2, ws.max_row + 1)}

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import verdict as vd
-from .match import Pair, match
+from .construct import load_modules
+from .match import Pair, pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
 from .reader import DumpMeta, read_dump
 from .rows import Row, direction, flatten
@@ -29,7 +30,7 @@ TENSOR_METRICS = ["Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr",
 STAT_DIFFS = ["Max diff", "Min diff", "Mean diff", "L2norm diff",
               "MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr"]
 TAIL = ["Requires_grad Consistent", "Result", "Err_message"]
-EXTRAS = ["Direction", "Tolerance Dtype", "Err/Tolerance"]
+EXTRAS = ["Direction", "Tolerance Dtype", "Err/Tolerance", "Match"]
 PERCENT_COLUMNS = {"MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr"}
 
 
@@ -49,6 +50,7 @@ class Side:
     meta: DumpMeta
     rows: list
     mode: str
+    modules: dict = field(default_factory=dict)     # entry -> module label (construct.json)
 
     @property
     def data_dir(self) -> str:
@@ -64,6 +66,8 @@ class CompareResult:
     bench: Side | None = None
     stack_mode: bool = False
     stack_path: str | None = None
+    pairs: list = field(default_factory=list)
+    matching: str = "exact"            # exact / fuzzy / aligned
 
     @property
     def n_rows(self) -> int:
@@ -191,14 +195,20 @@ def _run_jobs(jobs, workers: int | None, progress: bool):
 
 def compare_dumps(npu_json: str, bench_json: str, stack_json: str | None = None,
                   stack_mode: bool = False, fuzzy_match: bool = False,
-                  workers: int | None = None, progress: bool = True) -> CompareResult:
-    """Read both dumps, pair rows, compute metrics and verdicts."""
+                  workers: int | None = None, progress: bool = True,
+                  align: bool | None = None) -> CompareResult:
+    """Read both dumps, pair rows (exact / fuzzy / aligned), compute metrics and verdicts."""
     npu = read_side(npu_json)
     bench = read_side(bench_json)
     notes: list[str] = []
     _explain_meta(npu.meta, bench.meta, notes)
     mode = choose_mode(npu, bench, notes)
-    pairs = match(npu.rows, bench.rows, fuzzy=fuzzy_match)
+    npu.modules, bench.modules = load_modules(npu_json), load_modules(bench_json)
+    pairs, matching = pair_rows(npu.rows, bench.rows, fuzzy=fuzzy_match, align=align,
+                                npu_modules=npu.modules, bench_modules=bench.modules, notes=notes)
+    if matching == "aligned":
+        notes.append("the call sequences differ: calls aligned by signature and statistics "
+                     "(see the Match column) instead of by name")
     n = len(pairs)
     cols = {c: [None] * n for c in columns_for(mode, stack_mode)}
     verdicts = [vd.Verdict() for _ in range(n)]
@@ -217,6 +227,7 @@ def compare_dumps(npu_json: str, bench_json: str, stack_json: str | None = None,
         cols["NPU Requires_grad"][i] = a.requires_grad if a else None
         cols["Bench Requires_grad"][i] = b.requires_grad if b else None
         cols["Direction"][i] = direction((a or b).entry)
+        cols["Match"][i] = p.align
         if a and a.kind == "tensor":
             running = vd.coarser(running, vd.dtype_class(a.dtype))
         if b and b.kind == "tensor":
@@ -371,7 +382,7 @@ def compare_dumps(npu_json: str, bench_json: str, stack_json: str | None = None,
             if p.npu and p.npu.entry not in seen:
                 seen.add(p.npu.entry)
                 col[i] = stacks.get(p.npu.entry)
-    return CompareResult(mode, cols, notes, npu, bench, stack_mode, stack_json)
+    return CompareResult(mode, cols, notes, npu, bench, stack_mode, stack_json, pairs, matching)
 
 
 def _isnan(x) -> bool:

@@ -1,7 +1,7 @@
 """Pair NPU rows with bench rows: rows in, pairs out.
 
-Kept apart from everything else so that a smarter aligner (sequence alignment,
-first-divergence search) can replace it behind the same interface.
+``pair_rows`` chooses: exact names when both sides made the same calls, sequence
+alignment (align.py) when they differ, or what the caller asked for.
 
 - exact: same row name.
 - fuzzy: the call counter is ignored; the k-th call of an API on one side pairs with
@@ -28,6 +28,7 @@ _MODULE = re.compile(r"^(?P<api>Module\..+?)\.(?P<dir>forward|backward|parameter
 class Pair:
     npu: Row | None
     bench: Row | None
+    align: str = ""          # how the pair was made: exact / fuzzy / anchor / aligned / group .. / unmatched
 
 
 def entry_key(entry: str) -> str:
@@ -81,10 +82,31 @@ def match(npu: list[Row], bench: list[Row], fuzzy: bool = False) -> list[Pair]:
             last_matched = bench_to_npu[j]
         else:
             after.setdefault(last_matched, []).append(j)
-    pairs = [Pair(None, bench[j]) for j in after.get(-1, ())]
+    how = "fuzzy" if fuzzy else "exact"
+    pairs = [Pair(None, bench[j], "unmatched") for j in after.get(-1, ())]
     for i, row in enumerate(npu):
         j = npu_to_bench[i]
-        pairs.append(Pair(row, bench[j] if j is not None else None))
+        pairs.append(Pair(row, bench[j], how) if j is not None else Pair(row, None, "unmatched"))
         for jj in after.get(i, ()):
-            pairs.append(Pair(None, bench[jj]))
+            pairs.append(Pair(None, bench[jj], "unmatched"))
     return pairs
+
+
+def pair_rows(npu_rows: list[Row], bench_rows: list[Row], fuzzy: bool = False,
+              align: bool | None = None, npu_modules: dict | None = None,
+              bench_modules: dict | None = None, notes: list | None = None):
+    """Row pairs and the method used ("exact", "fuzzy" or "aligned").
+
+    ``align``: None aligns only when the two call sequences differ (same entry names in
+    the same order pair exactly either way); True always aligns; False keeps exact names.
+    """
+    if fuzzy:
+        return match(npu_rows, bench_rows, fuzzy=True), "fuzzy"
+    if align is False:
+        return match(npu_rows, bench_rows), "exact"
+    from .align import align_calls, build_calls, rows_from_ops
+    A, B = build_calls(npu_rows, npu_modules), build_calls(bench_rows, bench_modules)
+    if align is None and len(A) == len(B) and all(a.entry == b.entry for a, b in zip(A, B)):
+        return match(npu_rows, bench_rows), "exact"
+    ops = align_calls(A, B, notes)
+    return rows_from_ops(ops, A, B, npu_rows, bench_rows, Pair), "aligned"
