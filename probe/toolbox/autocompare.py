@@ -89,33 +89,32 @@ def _num(x):
 def golden_inputs(snapshot, dtype, want_grad):
     """Snapshot (CPU copies) -> (args, kwargs) for the golden call, floats upcast to ``dtype``.
 
-    Tensors that required grad become leaves (one per distinct tensor, as grad_capture sums
-    over repeats) and are passed as clones, so in-place APIs may modify them.
-    Returns (golden args tree, flat list of leaves aligned with the call's flat inputs).
+    Tensors that required grad become leaves, one per argument slot (grad_capture gives
+    ``x * x`` each argument its own gradient), passed as clones so that in-place APIs may
+    modify them. Returns (golden args tree, leaves aligned with the call's flat inputs).
     """
-    leaves = {}
-    passed = {}
+    converted = {}
+    leaves = []
 
     def up(t):
-        key = id(t)
-        if key in passed:
-            return passed[key]
-        with torch.no_grad():
-            if t.is_floating_point() and torch.finfo(t.dtype).bits < torch.finfo(dtype).bits:
-                g = t.to(dtype)
-            else:
-                g = t.clone()  # the snapshot stays intact for saving and for random checks
+        g = converted.get(id(t))
+        if g is None:
+            with torch.no_grad():
+                if t.is_floating_point() and torch.finfo(t.dtype).bits < torch.finfo(dtype).bits:
+                    g = t.to(dtype)
+                else:
+                    g = t.clone()  # the snapshot stays intact for saving and for random checks
+            converted[id(t)] = g
         if want_grad and t.requires_grad and g.is_floating_point():
-            leaf = g.requires_grad_(True)
-            leaves[key] = leaf
+            leaf = g.detach().requires_grad_(True)
+            leaves.append(leaf)
             with torch.enable_grad():
-                g = leaf.clone()
-        passed[key] = g
+                return leaf.clone()
+        leaves.append(None)
         return g
 
     tree = base.map_tensors(up, snapshot)
-    flat_src = base.flat_tensors(snapshot)
-    return tree, [leaves.get(id(t)) for t in flat_src]
+    return tree, leaves
 
 
 class OpAutoCompare(base.ToolBase):
