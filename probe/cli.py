@@ -17,6 +17,7 @@ COMMANDS = {
     "overflow": ("probe.precheck.overflow_cli", "find the first API that produced Inf/NaN in a dump"),
     "repro": ("probe.forensics.repro_cli", "write a standalone script that reruns one dumped API call"),
     "meta-check": ("probe.forensics.meta_check_cli", "run a script checking meta (fake) inference against real outputs"),
+    "replay": ("probe.toolbox.replay_cli", "rerun captured API calls (OpCapture) for accuracy and timing"),
 }
 
 
