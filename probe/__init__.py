@@ -18,6 +18,12 @@ _EXPORTS = {
     "ConfigError": "probe.config",
     "compare": "probe.compare",
     "compare_distributed": "probe.compare",
+    "OpAutoCompare": "probe.toolbox",
+    "OpFallback": "probe.toolbox",
+    "OpDtypeCast": "probe.toolbox",
+    "OpTimeMeasure": "probe.toolbox",
+    "OpCapture": "probe.toolbox",
+    "apply_feature": "probe.toolbox",
 }
 
 __all__ = sorted(_EXPORTS)
