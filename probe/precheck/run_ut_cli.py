@@ -17,6 +17,8 @@ def add_arguments(parser):
                         help="skip these APIs")
     parser.add_argument("--resume", "--continue", action="store_true",
                         help="continue the newest result CSV in the output folder")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads for the replays (default 1: fastest for dumped-size tensors; 0: torch's default)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -26,7 +28,8 @@ def run(args) -> int:
         raise ValueError(f"--device must be cpu, cuda[:N] or npu[:N], got {args.device!r}")
     result = run_ut(args.input, out_dir=args.out, device=args.device, white_list=args.white_list,
                     black_list=args.black_list, resume=args.resume,
-                    progress=False if args.no_progress else None)
+                    progress=False if args.no_progress else None,
+                    threads=args.threads or None)
     for p in result.problems:
         print(f"probe run-ut: warning: {p}")
     print(result.summary_table())

@@ -61,6 +61,12 @@ RATIO_LIMITS = {
     "mean_rel_err": (1.0, 2.0),
     "eb": (1.0, 2.0),
 }
+# Floor of the relative metrics: a device error below max(eps, rtol / 10), rtol being the
+# compare engine's tolerance for the dtype (fp32 1e-4 -> 1e-5, about 84 eps), is what
+# summing in another order gives, and never fails however small the bench's error is (a
+# 2-thread CPU dump replayed with 1 thread gave fp32 layer_norm weight grads mean relative
+# errors of 1.3e-6 against the bench's 3.8e-7: ratio 3.4, an "error" by msprobe's limits).
+REORDER_FRACTION = 0.1
 RATIO_WHEN_BENCH_EXACT = 10000.0    # device error over a bench error of 0 (msprobe's default)
 # ULP standard (msprobe ULPStandard): fp32 passes with mean ULP error < 64 or < 5% of
 # elements beyond 32 ULP; fp16/bf16 with < 0.1% beyond 1 ULP; or when no worse than bench.
@@ -157,8 +163,9 @@ def judge_benchmark(dev: ErrorMetrics, bench: ErrorMetrics, std: Standard, ulp_a
     """Benchmark method: compare the device's errors with the bench's (msprobe's ratios)."""
     j = Judgement(method="benchmark")
     v = j.verdict
-    floors = {"small_value_err": 0.0, "rmse": std.eps * golden_rms, "max_rel_err": std.eps,
-              "mean_rel_err": std.eps, "eb": std.eps}
+    rel_floor = max(std.eps, REORDER_FRACTION * TOLERANCES[std.name].rtol)
+    floors = {"small_value_err": 0.0, "rmse": rel_floor * golden_rms, "max_rel_err": rel_floor,
+              "mean_rel_err": rel_floor, "eb": std.eps}
     pairs = {"small_value_err": (dev.small_value_err, bench.small_value_err),
              "rmse": (dev.rmse, bench.rmse), "max_rel_err": (dev.max_rel, bench.max_rel),
              "mean_rel_err": (dev.mean_rel, bench.mean_rel), "eb": (abs(dev.eb), abs(bench.eb))}
