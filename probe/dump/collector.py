@@ -19,6 +19,7 @@ from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import guard
 
 log = logging.getLogger("probe")
+_no_function_mode = torch._C.DisableTorchFunction
 
 
 class CallFilter:
@@ -234,7 +235,7 @@ class ApiCollector:
     # ---- backward -----------------------------------------------------------
     def _grad_seen(self, g):
         """Summarise a gradient inside the backward pass, before autograd reuses its buffer."""
-        with guard():
+        with guard(), _no_function_mode():   # in a backward hook the function mode is live
             summaries = _Summaries(self.cache)
             s = self._summary(g, summaries)
             summaries.resolve()

@@ -28,6 +28,9 @@ from probe.hook_module.interceptor import guard, state
 _MODULE_MAX_NODES = 1 << 16
 _HOOK_CALL_TAKES_LIMIT = "max_nodes" in inspect.signature(grad_capture.hook_call).parameters
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+# Module hooks run outside any API call, so in mix the interceptor's function mode is live
+# there: every tensor attribute read (t.shape, t.grad_fn) would go through it (~3 us each).
+_no_function_mode = torch._C.DisableTorchFunction
 
 
 class Blocked:
@@ -191,7 +194,8 @@ class ModuleDumper:
                 call = None
                 state.depth += 1
                 try:
-                    call = self._before(mod, name, fwd, args, kwargs, parent)
+                    with _no_function_mode():
+                        call = self._before(mod, name, fwd, args, kwargs, parent)
                 except Exception as exc:
                     api._fail(name, exc)
                 finally:
@@ -223,7 +227,8 @@ class ModuleDumper:
                 construct.current = parent
             state.depth += 1
             try:
-                self._after(call, output)
+                with _no_function_mode():
+                    self._after(call, output)
             except Exception as exc:
                 api._fail(name, exc)
             finally:
@@ -299,26 +304,29 @@ class ModuleDumper:
         api = self.api
 
         def hook(grad):
-            if not api.filter.backward:
-                return None
-            try:
-                summary = None
-                for name, p_name, order in owners:
-                    if name not in self.dumped:
-                        continue
-                    if summary is None:
-                        summary = api._grad_seen(grad)
-                    pending = self.grad_pending.setdefault(name, {})
-                    pending[p_name] = summary if len(owners) == 1 else dict(summary)
-                    if len(pending) == len(order):
-                        self._flush_grads(name, order)
-                    elif not self.grad_flush_queued:
-                        self.grad_flush_queued = True
-                        _queue_callback(self._flush_all_grads)
-            except Exception as exc:
-                api._fail(owners[0][0], exc)
+            if api.filter.backward:
+                try:
+                    with _no_function_mode():
+                        self._param_grad(owners, grad)
+                except Exception as exc:
+                    api._fail(owners[0][0], exc)
             return None
         return hook
+
+    def _param_grad(self, owners, grad):
+        summary = None
+        for name, p_name, order in owners:
+            if name not in self.dumped:
+                continue
+            if summary is None:
+                summary = self.api._grad_seen(grad)
+            pending = self.grad_pending.setdefault(name, {})
+            pending[p_name] = summary if len(owners) == 1 else dict(summary)
+            if len(pending) == len(order):
+                self._flush_grads(name, order)
+            elif not self.grad_flush_queued:
+                self.grad_flush_queued = True
+                _queue_callback(self._flush_all_grads)
 
     def _flush_all_grads(self):
         self.grad_flush_queued = False
