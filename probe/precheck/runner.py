@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field
 
 from probe.compare.reader import DumpMeta, read_dump
-from probe.compare.verdict import Verdict
 from probe.precheck.entries import DROPOUT_ARGS, EntryName, parse_name, resolve_api
 from probe.precheck.inputs import Loader, Unrebuildable, flat_outputs, flat_tensors, \
     is_tensor_desc, torch_dtype
@@ -254,7 +253,6 @@ class Checker:
 
     def _dropout_backward(self, api, fwd, bwd, p, out_grads, devs):
         """Dropout's gradient is the output grad through the forward's own mask, times 1/(1-p)."""
-        import torch
         fdesc = flat_outputs(fwd.get("output") or [])
         fout = self._dumped(fdesc[0]) if fdesc else None
         if fout is None or not out_grads or out_grads[0] is None or devs[0] is None:
@@ -266,7 +264,6 @@ class Checker:
                        exact=False, random=False, ulp=False, synthetic=False,
                        bench_note="output grad x forward mask / (1-p)", golden_note="")
         r.method = "dropout mask " + r.method
-        del torch
         return r.status, r.message, [r]
 
 
@@ -440,4 +437,4 @@ def check_api(checker: Checker, slot: dict) -> ApiResult:
     return res
 
 
-__all__ = ["run_ut", "RunUtResult", "ApiResult", "Verdict"]
+__all__ = ["run_ut", "RunUtResult", "ApiResult"]
