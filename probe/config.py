@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from probe.errors import ConfigError
 
-TASKS = ("statistics", "tensor")
+TASKS = ("statistics", "tensor", "overflow_check")
 # Sections msprobe configs may carry for tasks probe does not run: accepted, ignored.
-OTHER_TASK_SECTIONS = ("overflow_check", "free_benchmark", "run_ut", "grad_probe", "structure",
+OTHER_TASK_SECTIONS = ("free_benchmark", "run_ut", "grad_probe", "structure",
                        "exception_dump", "meta_check")
 LEVELS = ("L0", "L1", "L2", "mix")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
@@ -44,6 +44,7 @@ class DumpConfig:
     data_mode: tuple = ("all",)
     summary_mode: str = "statistics"
     file_format: str = "npy"
+    overflow_nums: int = 1      # overflow_check: how many overflowing calls to dump, -1 = all
     source: str = "<arguments>"
 
     def wants_step(self, step):
@@ -199,6 +200,13 @@ def load_config(config_path=None, **overrides):
             _fail(source, f"{task}.summary_mode",
                   f"unknown value {section['summary_mode']!r}; allowed: {', '.join(SUMMARY_MODES)}")
         cfg["summary_mode"] = section["summary_mode"]
+    if "overflow_nums" in section:
+        n = section["overflow_nums"]
+        if isinstance(n, bool) or not isinstance(n, int) or (n < 1 and n != -1):
+            _fail(source, f"{task}.overflow_nums", f"must be an int >= 1, or -1 for all, got {n!r}")
+        cfg["overflow_nums"] = n
+    if task == "overflow_check" and level != "L1":
+        _fail(source, "level", f"task overflow_check works at level L1, got {level!r}")
     if "file_format" in section:
         if section["file_format"] not in FILE_FORMATS:
             _fail(source, f"{task}.file_format", f"allowed: {', '.join(FILE_FORMATS)}")
