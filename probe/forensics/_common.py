@@ -86,6 +86,8 @@ def module_path(modules):
     parts = []
     for parent, child in zip(modules, modules[1:]):
         name = next((k for k, v in parent._modules.items() if v is child), None)
+        if name is None:   # held in a container (ModuleList, ModuleDict) that is never called
+            name = next((k for k, v in parent.named_modules(remove_duplicate=False) if v is child and k), None)
         parts.append(name if name is not None else f"<{type(child).__name__}>")
     return {"module_path": ".".join(parts), "module_classes": [type(m).__name__ for m in modules]}
 

@@ -8,7 +8,7 @@ API's exception is re-raised as the same object; the result is returned untouche
 
 Custom ops (``torch.library``, torch_npu's ``torch.ops.npu.*``) are not in the API
 registry, yet they are where kernels crash and meta functions disagree. While a
-feature is on, they reach the features as ``Custom.{namespace}.{op}.{overload}``;
+feature is on, they reach the features as ``Custom.{namespace}.{op}[.{overload}]``;
 they are not handed to the collector, so dump.json is the same as without forensics.
 
 Wiring (the only code that knows the debugger's attribute names) is :func:`hub`.
@@ -31,13 +31,15 @@ _BUILTIN_NAMESPACES = frozenset({
 
 
 def custom_op_name(func):
-    """'Custom.ns.op.overload' for a non-builtin torch.ops operator, else None."""
+    """'Custom.ns.op' ('Custom.ns.op.overload' unless default) for a non-builtin torch.ops operator."""
     ops = torch._ops
     if isinstance(func, ops.OpOverload):
         ns = func.namespace
         if ns in _BUILTIN_NAMESPACES:
             return None
-        return f"{CUSTOM_PREFIX}{ns}.{func._opname}.{func._overloadname}"
+        overload = func._overloadname
+        # 'default' is dropped: torch.ops.ns.op(...) and the op object name the same call
+        return f"{CUSTOM_PREFIX}{ns}.{func._opname}" + ("" if overload == "default" else f".{overload}")
     if isinstance(func, ops.OpOverloadPacket):
         ns, _, op = func._qualified_op_name.partition("::")
         if ns in _BUILTIN_NAMESPACES:

@@ -452,7 +452,11 @@ def synthesize(meta, gen):
     if not dtype.is_floating_point:
         lo = int(mn) if fin(mn) else 0
         hi = int(mx) if fin(mx) else max(lo, 9)
-        return torch.randint(min(lo, hi), max(lo, hi) + 1, shape, generator=gen).to(dtype)
+        lo, hi = min(lo, hi), max(lo, hi)
+        t = torch.randint(lo, hi + 1, shape, generator=gen)
+        if t.numel() >= 2:
+            t.view(-1)[:2] = torch.tensor([hi, lo])   # the recorded extremes
+        return t.to(dtype)
     lo, hi = (mn, mx) if fin(mn) and fin(mx) else (-1.0, 1.0)
     t = torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo
     flat = t.view(-1)
@@ -556,7 +560,8 @@ def show_stats(label, actual, key):
 
 
 def describe(t):
-    return f"{{str(t.dtype).replace('torch.', '')}}{{list(t.shape)}} on {{t.device}}"
+    layout = "" if t.is_contiguous() else f" stride {{list(t.stride())}}"
+    return f"{{str(t.dtype).replace('torch.', '')}}{{list(t.shape)}}{{layout}} on {{t.device}}"
 
 
 def pair_grads(grads, data):
@@ -601,7 +606,7 @@ def main():
     for key, meta in TENSORS.items():
         if meta["source"] == "input":
             src = "synthetic" if key in SYNTHETIC else "dumped"
-            print(f"  input {{key:<18}} {{describe(data[key])}}  ({{src}})")
+            print(f"  input {{key:<18}} {{describe(make(data, key, device, False))}}  ({{src}})")
     try:
         outs, grads = run(data, device, ref=False)
     except Exception as exc:
