@@ -221,11 +221,12 @@ def test_xlsx_fills_types_and_summary(tmp_path):
     paths = compare({"npu_json_path": a, "bench_json_path": b, "is_print_compare_log": False},
                     str(out), stack_mode=True)
     assert set(os.listdir(tmp_path)) == before | {"out"}        # nothing written elsewhere
-    xlsx, csv = paths
+    xlsx, csv, summary_path = paths
     assert os.path.basename(xlsx).startswith("compare_result_") and xlsx.endswith(".xlsx")
     assert os.path.isfile(csv)
+    assert os.path.basename(summary_path).startswith("compare_summary_") and summary_path.endswith(".json")
     wb = openpyxl.load_workbook(xlsx)
-    assert wb.sheetnames == ["compare_result", "Summary"]
+    assert wb.sheetnames == ["compare_result", "Summary", "Diagnosis"]
     ws = wb["compare_result"]
     header = [c.value for c in ws[1]]
     assert header[:8] == ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape",
@@ -262,13 +263,14 @@ def test_distributed_and_cli(tmp_path, capsys):
     paths = compare_distributed(str(tmp_path / "npu"), str(tmp_path / "bench"), str(tmp_path / "o"),
                                 processes=2)
     names = sorted(os.path.basename(p) for p in paths)
-    assert len(names) == 4 and names[0].startswith("compare_result_step0_rank0_")
+    assert len(names) == 6 and names[0].startswith("compare_result_step0_rank0_")
+    assert sum(n.startswith("compare_summary_step0_rank1_") for n in names) == 1
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     rc = cli_run(parser.parse_args(["--npu", str(tmp_path / "npu" / "step0" / "rank1"),
                                     "--bench", str(tmp_path / "bench" / "step0" / "rank1"),
                                     "-o", str(tmp_path / "o2")]))
     out = capsys.readouterr().out.split()
-    assert rc == 0 and len(out) == 2 and all(os.path.isfile(p) for p in out)
+    assert rc == 0 and len(out) == 3 and all(os.path.isfile(p) for p in out)
     with pytest.raises(ValueError):
         cli_run(parser.parse_args(["-o", str(tmp_path / "o3")]))

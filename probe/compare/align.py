@@ -11,8 +11,9 @@ Here calls are aligned as sequences:
    is ambiguous globally is often unique locally), then by an edit-distance DP whose
    cost uses API name, shapes, dtypes, statistics and module path; large stretches get a
    band around their diagonal, so work stays near-linear in the dump length;
-3. an unpaired run on one side facing an unpaired run on the other whose last calls
-   produce the same output shapes is a group (one fused NPU API vs several bench APIs).
+3. an unpaired run on one side facing an unpaired run on the other, with the same
+   output shapes at its end or input shapes at its start, is a group (one fused NPU API
+   vs several bench APIs); its tensors pair by shape and statistics.
 
 Calls in, ops out: ``("pair", i, j, how)``, ``("npu", i)``, ``("bench", j)``,
 ``("group", [i...], [j...])``; ``rows_from_ops`` turns them into row pairs.
@@ -31,6 +32,7 @@ NO_PAIR = math.inf          # different APIs never pair one-to-one
 FULL_DP_CELLS = 250_000     # a stretch up to this many cells gets the full DP
 BAND = 48                   # otherwise: |n - m| + BAND cells on each side of the diagonal
 MAX_BAND_CELLS = 4_000_000  # beyond that the stretch pairs calls of each API in order
+GROUP_LINK = 0.2            # statistics distance below which tensors of a group pair up
 
 
 @dataclass(slots=True)
@@ -331,12 +333,14 @@ def _groups(ops, A, B):
 
 
 def _split_groups(npu, bench, A, B):
-    """Within one unpaired run, form groups per direction whose last calls' outputs agree."""
+    """Within one unpaired run, form groups per direction whose boundary agrees: the last
+    calls produce the same output shapes, or the first calls take the same input shapes."""
     out = []
     for d in dict.fromkeys([A[i].direction for i in npu] + [B[j].direction for j in bench]):
         ni = [i for i in npu if A[i].direction == d]
         bj = [j for j in bench if B[j].direction == d]
-        if ni and bj and A[ni[-1]].out_shapes == B[bj[-1]].out_shapes and len(ni) + len(bj) <= 64:
+        if ni and bj and len(ni) + len(bj) <= 64 and (
+                A[ni[-1]].out_shapes == B[bj[-1]].out_shapes or A[ni[0]].in_shapes == B[bj[0]].in_shapes):
             out.append(("group", ni, bj))
         else:
             out.extend(("npu", i) for i in ni)
@@ -388,21 +392,25 @@ def _pair_rows(ra, rb, how, pairs, pair_cls):
 
 
 def _group_rows(ni, bj, A, B, npu_rows, bench_rows, g, pairs, pair_cls):
-    """Group: first calls' inputs pair by position when shapes agree, last calls' outputs too."""
+    """Group: each NPU tensor pairs with the bench tensor of the group on the same side of
+    the calls (inputs / outputs) with its shape and the closest statistics, if close."""
     tag = f"group {g}: {len(ni)} NPU / {len(bj)} bench calls"
-    fa, fb, la, lb = A[ni[0]], B[bj[0]], A[ni[-1]], B[bj[-1]]
-    link = {}
-    ins_a = [r for r in npu_rows[fa.start:fa.stop] if r.io != "output"]
-    ins_b = [r for r in bench_rows[fb.start:fb.stop] if r.io != "output"]
-    for x, y in zip(ins_a, ins_b):
-        if x.shape == y.shape and x.kind == y.kind:
-            link[id(x)] = y
-    outs_a = [r for r in npu_rows[la.start:la.stop] if r.io == "output"]
-    outs_b = [r for r in bench_rows[lb.start:lb.stop] if r.io == "output"]
-    for x, y in zip(outs_a, outs_b):
-        if x.shape == y.shape and x.kind == y.kind:
-            link[id(x)] = y
-    linked = {id(y) for y in link.values()}
+    cand = [r for j in bj for r in bench_rows[B[j].start:B[j].stop] if r.kind == "tensor"]
+    link, taken = {}, set()
+    for i in ni:
+        for r in npu_rows[A[i].start:A[i].stop]:
+            if r.kind != "tensor":
+                continue
+            best, best_d = None, GROUP_LINK
+            for y in cand:
+                if id(y) in taken or y.shape != r.shape or (y.io == "output") != (r.io == "output"):
+                    continue
+                d = _stat_distance(r.stats, y.stats)
+                if d < best_d:
+                    best, best_d = y, d
+            if best is not None:
+                link[id(r)] = best
+                taken.add(id(best))
     for i in ni:
         c = A[i]
         for r in npu_rows[c.start:c.stop]:
@@ -410,5 +418,5 @@ def _group_rows(ni, bj, A, B, npu_rows, bench_rows, g, pairs, pair_cls):
     for j in bj:
         c = B[j]
         for r in bench_rows[c.start:c.stop]:
-            if id(r) not in linked:
+            if id(r) not in taken:
                 pairs.append(pair_cls(None, r, tag))

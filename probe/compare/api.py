@@ -16,16 +16,22 @@ def _param(d: dict, *keys):
 
 
 def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
-            auto_analyze: bool = True, fuzzy_match: bool = False, **kwargs) -> list:
-    """Compare one NPU dump.json with one bench dump.json; write xlsx + csv.
+            auto_analyze: bool = True, fuzzy_match: bool = False, align: bool | None = None,
+            **kwargs) -> list:
+    """Compare one NPU dump.json with one bench dump.json; write xlsx, csv and
+    compare_summary json; return their paths.
 
     ``dump_result_param``: {"npu_json_path", "bench_json_path", "stack_json_path",
-    "is_print_compare_log"} (msprobe 8.x's ``npu_path``/``bench_path``/``stack_path``
-    spellings are accepted too).  ``auto_analyze`` adds the Summary sheet (always
-    written; kept for msprobe compatibility).
+    "bench2_json_path", "is_print_compare_log"} (msprobe 8.x's ``npu_path`` /
+    ``bench_path`` / ``stack_path`` spellings are accepted too). ``bench2_json_path``, a
+    second bench dump of the same program, gives each call's run-to-run noise.
+    ``align``: None aligns the call sequences when they differ, True always, False pairs
+    by name (msprobe); ``fuzzy_match`` pairs the k-th call of each API. ``auto_analyze``
+    adds the diagnosis (first divergence, Diagnosis sheet, summary json).
     """
+    from .diagnosis import diagnose, noise_floor
     from .engine import compare_dumps
-    from .report import summary_rows, write_report
+    from .report import diagnosis_lines, summary_rows, write_report
     if not isinstance(dump_result_param, dict):
         raise ValueError("dump_result_param must be a dict with npu_json_path and bench_json_path")
     npu = _param(dump_result_param, "npu_json_path", "npu_path")
@@ -39,16 +45,31 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     if stack is None:
         guess = os.path.join(os.path.dirname(npu), "stack.json")
         stack = guess if os.path.isfile(guess) else None
+    bench2 = _param(dump_result_param, "bench2_json_path", "bench2_path")
+    if bench2 and not os.path.isfile(bench2):
+        raise FileNotFoundError(f"dump.json not found: {bench2}")
     verbose = dump_result_param.get("is_print_compare_log", True)
+    workers = kwargs.get("workers")
     result = compare_dumps(npu, bench, stack, stack_mode=stack_mode, fuzzy_match=fuzzy_match,
-                           workers=kwargs.get("workers"), progress=kwargs.get("progress", verbose))
-    paths = write_report(result, output_path, kwargs.get("tag", ""))
+                           workers=workers, progress=kwargs.get("progress", verbose), align=align)
+    diag = None
+    if auto_analyze:
+        noise = noise_floor(bench, bench2, workers=workers, align=align) if bench2 else None
+        diag = diagnose(result, noise)
+    paths = write_report(result, output_path, kwargs.get("tag", ""), diag, bench2)
     if verbose:
         for note in result.notes:
             print(f"[probe compare] {note}", file=sys.stderr)
         counts = {k: v for k, v in summary_rows(result) if k in ("pass", "warning", "error")}
         print(f"[probe compare] {result.mode} mode, {result.n_rows} rows: "
               + ", ".join(f"{k} {v}" for k, v in counts.items()), file=sys.stderr)
+        if diag is not None:
+            import json
+            with open(paths[-1], encoding="utf-8") as fh:
+                digest = json.load(fh)
+            for key, value in diagnosis_lines(digest):
+                if "stack" not in key:
+                    print(f"[probe compare] {key}: {value}", file=sys.stderr)
     return paths
 
 
@@ -70,7 +91,7 @@ def compare_distributed(npu_dir: str, bench_dir: str, output_path: str, **kwargs
               file=sys.stderr)
     if not pairs:
         raise FileNotFoundError(f"no matching step/rank dumps between {npu_dir} and {bench_dir}")
-    kw = {k: kwargs[k] for k in ("stack_mode", "fuzzy_match") if k in kwargs}
+    kw = {k: kwargs[k] for k in ("stack_mode", "fuzzy_match", "align", "auto_analyze") if k in kwargs}
     jobs = [(key, a, b, output_path, kw) for key, a, b in pairs]
     procs = kwargs.get("processes") or min(len(jobs), os.cpu_count() or 1)
     paths = []

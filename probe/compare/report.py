@@ -1,4 +1,5 @@
-"""Write a CompareResult: the xlsx (rows + Summary sheet) and a CSV next to it."""
+"""Write a CompareResult: the xlsx (rows, Summary with the diagnosis and its chart, one
+row per call in Diagnosis), a CSV of the rows and compare_summary_*.json next to it."""
 from __future__ import annotations
 
 import csv
@@ -7,7 +8,8 @@ import time
 from collections import Counter
 
 from .engine import PERCENT_COLUMNS, CompareResult, load_stacks
-from .xlsx import Sheet, write_workbook
+from . import summary_json
+from .xlsx import LineChart, Sheet, write_workbook
 
 _WIDTHS = {"NPU Name": 48, "Bench Name": 48, "Err_message": 70, "NPU_Stack_Info": 70,
            "Data_name": 50, "NPU Dtype": 15, "Bench Dtype": 15, "Result": 9,
@@ -85,8 +87,77 @@ def _widths(header, cols):
     return out
 
 
-def write_report(result: CompareResult, output_path: str, tag: str = "") -> list:
-    """Write xlsx + csv; return their paths."""
+DIAG_HEADER = ["#", "Direction", "NPU Name", "Bench Name", "Match", "Module", "Input Error",
+               "Output Error", "Jump", "Threshold", "Noise", "Local Error", "1 - Cosine",
+               "MaxRelativeErr", "Plot Output Error", "Plot Input Error"]
+_DIAG_WIDTHS = [7, 10, 44, 44, 14, 28, 12, 12, 10, 10, 10, 12, 11, 13, 12, 12]
+_STATUS_STYLE = {"introduces": "error", "inherits": "warning"}
+
+
+def _plot(x):
+    """Chart cells: the log axis cannot show 0 or infinity, so those are gaps."""
+    return x if isinstance(x, float) and 0 < x < float("inf") else None
+
+
+def diagnosis_sheet(diag) -> Sheet:
+    rows, styles = [], []
+    for u in diag.calls:
+        rows.append([u.index + 1, u.direction, u.npu_entry, u.bench_entry, u.match, u.module,
+                     u.input_error, u.output_error, u.jump if u.output_error is not None else None,
+                     u.threshold if u.output_error is not None else None, u.noise, u.status,
+                     u.one_minus_cos, u.max_rel, _plot(u.output_error), _plot(u.input_error)])
+        styles.append(_STATUS_STYLE.get(u.status))
+    return Sheet("Diagnosis", DIAG_HEADER, rows, styles, _DIAG_WIDTHS)
+
+
+def _describe(label, rec) -> list:
+    if rec is None:
+        return [[label, "none: no call's output error exceeds its tolerance and its input error"]]
+    what = ("introduces error" if rec["kind"] == "introduced" else
+            "its inputs already differ, though no compared call before it introduced error"
+            " (look at the unmatched calls before it, the model's weights or its input data)")
+    name = rec["npu_name"] or rec["bench_name"]
+    if rec["bench_name"] and rec["bench_name"] != rec["npu_name"]:
+        name += f"  (bench: {rec['bench_name']})"
+    lines = [[label, f"{name}: {what}"],
+             [f"{label}: error in / out", f"input {_fmt(rec['input_error'])}, output "
+                                          f"{_fmt(rec['output_error'])} (threshold {_fmt(rec['threshold'])})"]]
+    w = rec.get("worst_output")
+    if w:
+        lines.append([f"{label}: worst output", f"{w['npu_row']}: {w['result']}; " + ", ".join(
+            f"{k} {_fmt(v)}" for k, v in w["metrics"].items() if v is not None)])
+    if rec.get("unmatched_before"):
+        lines.append([f"{label}: unmatched calls before it", ", ".join(rec["unmatched_before"][:20])])
+    if rec.get("module"):
+        lines.append([f"{label}: module", rec["module"]])
+    lines.append([f"{label}: stack", rec.get("stack") or "(no stack.json)"])
+    return lines
+
+
+def _fmt(x) -> str:
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return "-" if x is None else str(x)
+
+
+def diagnosis_lines(summary: dict) -> list:
+    """Summary-sheet lines (also printed) naming where the error starts."""
+    fd = summary["first_divergence"]
+    lines = [["matching", summary["matching"]], ["error measure", summary["error_measure"]],
+             ["calls: clean / introduce / inherit / unmatched",
+              " / ".join(str(summary["calls"][k]) for k in ("clean", "introduces", "inherits", "unmatched"))]]
+    lines += _describe("first divergence (forward)", fd["forward"])
+    lines += _describe("first divergence (backward)", fd["backward"])
+    for s in summary["suspects"]:
+        lines.append([f"suspect {s['rank']}", f"{s['npu_name'] or s['bench_name']} ({s['direction']}): "
+                      f"output error {_fmt(s['output_error'])} vs input {_fmt(s['input_error'])}"
+                      + (f", module {s['module']}" if s.get("module") else "")])
+    return lines
+
+
+def write_report(result: CompareResult, output_path: str, tag: str = "", diag=None,
+                 bench2_path: str | None = None) -> list:
+    """Write xlsx + csv (+ compare_summary json with a diagnosis); return their paths."""
     stem = output_stem(output_path, tag)
     cols = result.columns
     header = list(cols)
@@ -95,12 +166,37 @@ def write_report(result: CompareResult, output_path: str, tag: str = "") -> list
     styles = [None if v == "pass" else v for v in cols["Result"]]
     main = Sheet("compare_result", header, rows, styles, _widths(header, cols),
                  {h for h in header if h in PERCENT_COLUMNS and result.mode == "statistics"})
-    summary = Sheet("Summary", ["Item", "Value"], summary_rows(result), None, [34, 110],
+    lines = summary_rows(result)
+    sheets = [main]
+    digest = None
+    if diag is not None:
+        digest = summary_json.build(result, diag, bench2_path)
+        lines += diagnosis_lines(digest)
+    summary = Sheet("Summary", ["Item", "Value"], lines, None, [40, 110],
                     freeze_header=False, autofilter=False)
+    sheets.append(summary)
+    if diag is not None:
+        sheets.append(diagnosis_sheet(diag))
+        n = len(diag.calls)
+        if n:
+            col = DIAG_HEADER.index
+            summary.charts.append(LineChart(
+                "Error along the call sequence (log scale; gaps = no error)",
+                ("Diagnosis", col("#"), 2, n + 1),
+                [("output error", "Diagnosis", col("Plot Output Error"), 2, n + 1),
+                 ("input error", "Diagnosis", col("Plot Input Error"), 2, n + 1)],
+                anchor=(3, 1, 18, 30), x_title="call # (Diagnosis sheet)",
+                y_title=digest["error_measure"], log_y=True))
     xlsx_path, csv_path = stem + ".xlsx", stem + ".csv"
-    write_workbook(xlsx_path, [main, summary])
+    write_workbook(xlsx_path, sheets)
     with open(csv_path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(header)
         w.writerows(zip(*(cols[h] for h in header)))
-    return [xlsx_path, csv_path]
+    paths = [xlsx_path, csv_path]
+    if digest is not None:
+        d, base = os.path.split(stem)
+        json_path = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
+        summary_json.write(json_path, digest)
+        paths.append(json_path)
+    return paths
