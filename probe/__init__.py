@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     "PrecisionDebugger": "probe.debugger",
+    "module_dump": "probe.debugger",
+    "module_dump_end": "probe.debugger",
     "seed_all": "probe.seed",
     "ConfigError": "probe.config",
     "compare": "probe.compare",

@@ -205,6 +205,23 @@ class PrecisionDebugger:
             self._writer = None
 
 
+def _current():
+    debugger = PrecisionDebugger._current and PrecisionDebugger._current()
+    if debugger is None:
+        raise RuntimeError("module_dump: create a PrecisionDebugger first")
+    return debugger
+
+
+def module_dump(module, dump_name):
+    """msprobe's ``module_dump``: dump ``module`` as a whole with the current debugger."""
+    _current().module_dump(module, dump_name)
+
+
+def module_dump_end():
+    """msprobe's ``module_dump_end``: end the ``module_dump`` requests."""
+    _current().module_dump_end()
+
+
 def _close_at_exit(ref):
     debugger = ref()
     if debugger is not None:

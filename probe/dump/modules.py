@@ -188,7 +188,7 @@ class ModuleDumper:
             fwd = f"{name}.forward.{n}"
             key = f"{name}.{n}"
             if not flt.wants(key, fwd, module=True):
-                running.append((mod, None, None, key))
+                running.append((mod, None, None, key, whole))
             else:
                 parent = construct.current if construct is not None else None
                 call = None
@@ -200,17 +200,19 @@ class ModuleDumper:
                     api._fail(name, exc)
                 finally:
                     state.depth -= 1
-                running.append((mod, call, parent, key))
+                running.append((mod, call, parent, key, whole))
                 if construct is not None:
                     construct.tree[fwd] = parent and parent[0]
                     construct.current = (fwd, call["bwd"] if call else None)
-            if whole:
+            if whole:   # nothing inside is dumped: APIs see a probe call in progress
                 blocked.value += 1
+                state.depth += 1
             return None
 
         def post(mod, args, kwargs, output):
-            if whole and blocked.value:
+            if whole and running and running[-1][0] is mod and running[-1][4]:
                 blocked.value -= 1
+                state.depth -= 1
             if state.depth or blocked.value:
                 return None
             while running:
@@ -219,7 +221,7 @@ class ModuleDumper:
                     break
             else:
                 return None
-            _, call, parent, key = frame
+            _, call, parent, key, _ = frame
             flt.module_exit(key)
             if call is None:
                 return None
