@@ -23,6 +23,21 @@ _current_node = torch._C._current_autograd_node
 _META_KEY = "probe_api"
 
 
+class _NoCache:
+    """For outputs of mutating kernels: below autograd the version counter is bumped only
+    after the kernel returns, so a (tensor, version) cache would hand back the input's
+    summary taken before the kernel ran."""
+
+    def lookup(self, t):
+        return None
+
+    def store(self, t, value):
+        pass
+
+
+_NO_CACHE = _NoCache()
+
+
 class ApiTracker:
     """Interceptor handler at L2: names each outermost API call, dumps nothing."""
 
@@ -70,7 +85,7 @@ class KernelDumper:
         self.aten = aten_ops
         self.tracker = tracker
         self.counters = {}
-        self.names = {}     # OpOverload -> "Aten.mm.default", or None when the YAML leaves it out
+        self.names = {}     # OpOverload -> ("Aten.mm.default", mutates), or None when the YAML leaves it out
         self._mode = None
 
     @property
@@ -93,11 +108,12 @@ class KernelDumper:
                 self._mode = None
 
     def call(self, func, args, kwargs):
-        name = self.names.get(func, False)
-        if name is False:
-            name = self._name(func)
-        if name is None or blocked.value:
+        info = self.names.get(func, False)
+        if info is False:
+            info = self._name(func)
+        if info is None or blocked.value:
             return func(*args, **kwargs)
+        name, mutates = info
         n = self.counters.get(name, 0)
         self.counters[name] = n + 1
         base = f"{name}.{n}"
@@ -128,7 +144,10 @@ class KernelDumper:
         try:
             if flt.outputs:
                 outs = out if isinstance(out, (tuple, list)) else [out]
-                entry["output"] = [api._describe(o, summaries, f"{fwd}.output.{i}") for i, o in enumerate(outs)]
+                out_summaries = _Summaries(_NO_CACHE) if mutates else summaries
+                entry["output"] = [api._describe(o, out_summaries, f"{fwd}.output.{i}") for i, o in enumerate(outs)]
+                if mutates:
+                    out_summaries.resolve()
             summaries.resolve()
             if node is not None:
                 owner = node.metadata.get(_META_KEY)
@@ -145,8 +164,8 @@ class KernelDumper:
 
     def _name(self, func):
         op = getattr(func, "_opname", None)
-        name = None
+        info = None
         if op is not None and op in self.aten:
-            name = f"Aten.{op}.{func._overloadname}"
-        self.names[func] = name
-        return name
+            info = (f"Aten.{op}.{func._overloadname}", bool(func._schema.is_mutable))
+        self.names[func] = info
+        return info

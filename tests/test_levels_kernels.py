@@ -1,0 +1,118 @@
+"""Level L2 (issue #3, item 3): every aten kernel, forward and backward, named
+``Aten.{op}.{overload}.{N}.forward`` and filtered by the YAML's aten section.
+
+The reference is what a dispatch mode of the test itself sees in an identical run.
+"""
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import pytest
+
+from conftest import assert_summary, load_dump, torch_stats
+from level_models import tiny_model
+
+
+def _yaml_aten():
+    from probe.hook_module.registry import load_registry
+    return set(load_registry().ops["aten"])
+
+
+class Recorder(TorchDispatchMode):
+    """The test's own view: aten ops in call order, their outputs' statistics, and whether
+    autograd ran them. Outputs are not kept: a live reference stops AccumulateGrad from
+    stealing a gradient buffer, which changes the kernels run (an extra copy_)."""
+
+    def __init__(self, ops):
+        super().__init__()
+        self.ops = ops
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func._opname in self.ops:
+            backward = torch._C._current_autograd_node() is not None
+            stats = None
+            if isinstance(out, torch.Tensor) and out.numel() and out.is_floating_point():
+                stats = torch_stats(out)
+            self.calls.append((f"Aten.{func._opname}.{func._overloadname}", stats, backward))
+        return out
+
+
+def _named(calls):
+    counts, names = {}, []
+    for op, _, _ in calls:
+        n = counts.get(op, 0)
+        counts[op] = n + 1
+        names.append(f"{op}.{n}.forward")
+    return names
+
+
+def _one_step(dbg=None, recorder=None):
+    tm = tiny_model()
+    model, x, y = tm.make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if dbg:
+        dbg.start()
+    if recorder:
+        with recorder:
+            loss = tm.train_step(model, opt, x, y)
+    else:
+        loss = tm.train_step(model, opt, x, y)
+    if dbg:
+        dbg.stop()
+        dbg.step()
+    return loss
+
+
+def test_kernels_are_the_ops_a_dispatch_mode_sees(make_debugger, dump_dir):
+    rec = Recorder(_yaml_aten())
+    _one_step(recorder=rec)
+    _one_step(make_debugger(level="L2"))
+    data = load_dump(dump_dir)
+    expected = _named(rec.calls)
+    assert list(data) == expected
+    assert any(b for _, _, b in rec.calls) and any(not b for _, _, b in rec.calls)
+    assert "Aten.threshold_backward.default.0.forward" in data      # a backward kernel
+    for name, (_, stats, _) in zip(expected, rec.calls):
+        if stats is not None:
+            for key, value in stats.items():
+                assert data[name]["output"][0][key] == pytest.approx(value, rel=1e-5, abs=1e-7), (name, key)
+
+
+def test_kernels_name_the_api_they_ran_under(make_debugger, dump_dir):
+    _one_step(make_debugger(level="L2"))
+    data = load_dump(dump_dir)
+    assert data["Aten.addmm.default.0.forward"]["api"] == "Functional.linear.0.forward"
+    assert data["Aten.addmm.default.4.forward"]["api"] == "Functional.linear.4.forward"
+    assert data["Aten.native_layer_norm.default.1.forward"]["api"] == "Functional.layer_norm.1.forward"
+    # backward kernels point at the backward of the API whose autograd node ran them
+    assert data["Aten.threshold_backward.default.0.forward"]["api"] == "Functional.relu.1.backward"
+    assert data["Aten.nll_loss_backward.default.0.forward"]["api"] == "Functional.nll_loss.0.backward"
+    # the optimizer's in-place updates
+    assert data["Aten.add_.Tensor.0.forward"]["api"] == "Tensor.add_.0.forward"
+    assert load_dump(dump_dir, name="construct.json") == {}
+
+
+def test_aten_section_of_the_yaml_filters(make_debugger, dump_dir, tmp_path):
+    yaml_path = tmp_path / "ops.yaml"
+    yaml_path.write_text("functional:\n  - linear\naten:\n  - addmm\n  - mm\n")
+    _one_step(make_debugger(level="L2", wrap_ops_yaml=str(yaml_path)))
+    data = load_dump(dump_dir)
+    assert data and {k.split(".")[1] for k in data} == {"addmm", "mm"}
+    assert len([k for k in data if k.startswith("Aten.addmm.")]) == 5
+    # mm runs only in backward (the weight and input grads of each linear)
+    assert all(v["api"].endswith(".backward") for k, v in data.items() if k.startswith("Aten.mm."))
+
+
+def test_L2_in_place_kernel_inputs_are_taken_before_the_kernel(make_debugger, dump_dir):
+    x = torch.randn(3, 4)
+    expected_in = x.clone()
+    dbg = make_debugger(level="L2")
+    dbg.start()
+    F.relu(x, inplace=True)
+    dbg.stop()
+    dbg.step()
+    entry = load_dump(dump_dir)["Aten.relu_.default.0.forward"]
+    assert_summary(entry["input_args"][0], expected_in)
+    assert_summary(entry["output"][0], expected_in.clamp(min=0))
