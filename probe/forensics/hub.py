@@ -93,21 +93,22 @@ class Call:
 class Namer:
     """Entry names as the dump names them.
 
-    Registered APIs: the collector's own counter, so a crash dump or report names the
-    same entry as dump.json. Custom ops, or no collector: a counter here, restarted
-    when the debugger's step changes.
+    Registered APIs: the counter of the wrapped handler (the dump collector, or whatever
+    handler the debugger uses at its level, as long as it keeps ``counters``), so a crash
+    dump or report names the same entry as dump.json. Custom ops, or a handler without
+    counters: a counter here, restarted when the debugger's step changes.
     """
 
     def __init__(self, debugger=None):
         self._debugger = debugger
+        self.source = None         # the wrapped handler, if it counts calls
         self._counts = {}
         self._step = None
         self._lock = threading.Lock()
 
     def count(self, name):
-        """Called once per call the collector does not count."""
-        d = self._debugger
-        step = getattr(d, "current_step", None)
+        """Called once per call the wrapped handler does not count."""
+        step = getattr(self._debugger, "current_step", None)
         with self._lock:
             if step != self._step:
                 self._step = step
@@ -121,13 +122,12 @@ class Namer:
             return self._counts.get(name, 1) - 1
 
     def collector_counts(self, name):
-        """True when the wrapped handler counts ``name`` (the debugger's collector)."""
-        d = self._debugger
-        return d is not None and getattr(d, "_collector", None) is not None and not name.startswith(CUSTOM_PREFIX)
+        """True when the wrapped handler counts ``name``."""
+        return not name.startswith(CUSTOM_PREFIX) and isinstance(getattr(self.source, "counters", None), dict)
 
     def __call__(self, name):
         if self.collector_counts(name):
-            n = self._debugger._collector.counters.get(name)
+            n = self.source.counters.get(name)
             if n:
                 return f"{name}.{n - 1}"
         return f"{name}.{self.last(name)}"
@@ -140,6 +140,7 @@ class ForensicsHandler:
     def __init__(self, inner, namer=None, features=()):
         self.inner = inner
         self.namer = namer or Namer()
+        self.namer.source = inner
         self.features = list(features)
 
     def add(self, feature):
