@@ -75,7 +75,9 @@ def _hook_call(before, outputs, n_inputs, seen_grad, on_done):
 
 def _plain(out):
     """A dataclass output (HF ModelOutput is also a dict) as a dict of its fields."""
-    if dataclasses.is_dataclass(out) and not isinstance(out, (dict, type)):
+    if isinstance(out, (torch.Tensor, tuple, list, dict)) or out is None:
+        return out
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
         return {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
     return out
 
