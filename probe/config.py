@@ -12,16 +12,17 @@ from dataclasses import dataclass
 
 from probe.errors import ConfigError
 
-TASKS = ("statistics", "tensor", "overflow_check")
+TASKS = ("statistics", "tensor", "overflow_check", "meta_check")
 # Sections msprobe configs may carry for tasks probe does not run: accepted, ignored.
 OTHER_TASK_SECTIONS = ("free_benchmark", "run_ut", "grad_probe", "structure",
-                       "exception_dump", "meta_check")
+                       "exception_dump")
 LEVELS = ("L0", "L1", "L2", "mix")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 SUMMARY_MODES = ("statistics", "md5")
 FILE_FORMATS = ("npy",)
 TOP_KEYS = ("task", "dump_path", "rank", "step", "level", "seed", "is_deterministic",
-            "enable_dataloader", "async_dump", "wrap_ops_yaml", "framework", "precision")
+            "enable_dataloader", "async_dump", "wrap_ops_yaml", "framework", "precision",
+            "backward_origin")
 SECTION_KEYS = ("scope", "list", "data_mode", "summary_mode", "file_format", "backward_input",
                 "online_run_ut", "nfs_path", "host", "port", "overflow_nums", "check_mode")
 _PATH_RE = re.compile(r"^[A-Za-z0-9_./\-]+$")
@@ -38,6 +39,7 @@ class DumpConfig:
     is_deterministic: bool = False
     enable_dataloader: bool = False
     async_dump: bool = False
+    backward_origin: bool = False   # name the forward API behind a failing backward (costs ~40 us/call)
     wrap_ops_yaml: str = None
     scope: tuple = ()
     list: tuple = ()
@@ -169,7 +171,7 @@ def load_config(config_path=None, **overrides):
         if isinstance(top["seed"], bool) or not isinstance(top["seed"], int):
             _fail(source, "seed", f"must be an int, got {top['seed']!r}")
         cfg["seed"] = top["seed"]
-    for key in ("is_deterministic", "enable_dataloader", "async_dump"):
+    for key in ("is_deterministic", "enable_dataloader", "async_dump", "backward_origin"):
         if key in top:
             cfg[key] = _check_bool(source, key, top[key])
     if top.get("wrap_ops_yaml") is not None:
