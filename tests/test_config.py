@@ -131,24 +131,22 @@ def test_seed_out_of_range_is_refused(tmp_path, dump_dir):
     assert path in msg
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: level L0/mix/L2 is accepted but probe dumps API (L1) entries "
-                                        "labelled with that level; refuse it until implemented")
 @pytest.mark.parametrize("level", ["L0", "mix"])
-def test_level_probe_cannot_dump_is_refused_or_honoured(dump_dir, level):
-    try:
-        dbg = PrecisionDebugger(dump_path=dump_dir, level=level)
-    except ConfigError as exc:
-        assert "level" in str(exc)
-        return
-    model = torch.nn.Linear(3, 3)
+def test_level_is_honoured(dump_dir, level):
+    """A level probe accepts must change what is dumped: modules at L0, modules and APIs at mix."""
+    dbg = PrecisionDebugger(dump_path=dump_dir, level=level)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    x = torch.randn(2, 3)
     dbg.start(model=model)
-    model(torch.randn(2, 3)).sum().backward()
+    model(x).sum().backward()
     dbg.stop()
     dbg.step()
     dbg.close()
     names = list(load_dump(dump_dir))
-    assert names and all(n.startswith("Module.") for n in names if level == "L0")
-    assert any(n.startswith("Module.") for n in names)
+    modules = [n for n in names if n.startswith("Module.")]
+    assert "Module.0.Linear.forward.0" in modules and "Module.0.Linear.backward.0" in modules
+    apis = [n for n in names if not n.startswith("Module.")]
+    assert (apis == []) if level == "L0" else ("Functional.linear.0.forward" in apis)
 
 
 def test_keyword_arguments_override_the_file(tmp_path, dump_dir, make_debugger):
