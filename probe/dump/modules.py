@@ -33,6 +33,25 @@ _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 _no_function_mode = torch._C.DisableTorchFunction
 
 
+class _OwnWork:
+    """probe's own torch calls in a hook: not APIs (interceptor), not kernels (L2 mode),
+    and tensor attribute reads skip the function mode."""
+    __slots__ = ("mode",)
+
+    def __enter__(self):
+        state.depth += 1
+        blocked.value += 1
+        self.mode = _no_function_mode()
+        self.mode.__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            self.mode.__exit__(*exc)
+        finally:
+            blocked.value -= 1
+            state.depth -= 1
+
+
 class Blocked:
     """> 0 while a ``module_dump`` module runs: nothing inside it is dumped (kernels too)."""
     value = 0
@@ -194,14 +213,11 @@ class ModuleDumper:
             else:
                 parent = construct.current if construct is not None else None
                 call = None
-                state.depth += 1
                 try:
-                    with _no_function_mode():
+                    with _OwnWork():
                         call = self._before(mod, name, fwd, args, kwargs, parent)
                 except Exception as exc:
                     api._fail(name, exc)
-                finally:
-                    state.depth -= 1
                 running.append((mod, call, parent, key, whole))
                 if construct is not None:
                     construct.tree[fwd] = parent and parent[0]
@@ -229,14 +245,11 @@ class ModuleDumper:
                 return None
             if construct is not None:
                 construct.current = parent
-            state.depth += 1
             try:
-                with _no_function_mode():
+                with _OwnWork():
                     self._after(call, output)
             except Exception as exc:
                 api._fail(name, exc)
-            finally:
-                state.depth -= 1
             return None
 
         self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
@@ -282,7 +295,7 @@ class ModuleDumper:
             before, n_inputs = call["grad"]
             outputs = _flatten(out, [])
             if any(t.requires_grad for t in outputs):
-                _hook_call(before, outputs, n_inputs, api._grad_seen, self._backward_done_fn(call))
+                _hook_call(before, outputs, n_inputs, self._grad_seen, self._backward_done_fn(call))
 
     # ---- backward -----------------------------------------------------------
     def _backward_done_fn(self, call):
@@ -304,13 +317,17 @@ class ModuleDumper:
                 api._fail(name, exc)
         return on_done
 
+    def _grad_seen(self, grad):
+        with _OwnWork():
+            return self.api._grad_seen(grad)
+
     def _param_hook(self, owners):
         api = self.api
 
         def hook(grad):
             if api.filter.backward:
                 try:
-                    with _no_function_mode():
+                    with _OwnWork():
                         self._param_grad(owners, grad)
                 except Exception as exc:
                     api._fail(owners[0][0], exc)
