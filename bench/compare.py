@@ -5,8 +5,11 @@
 1. the fixtures' mix-level statistics pair (tiny_model, step0 vs step1), end to end in a
    fresh process (target 0.5 s; msprobe ~3.2 s);
 2. a synthetic 100k-entry statistics pair (target < 15 s, < 1 GB peak RSS);
-3. tensor mode on synthetic .npy dumps (target >= 200 MB/s of tensor data);
-4. ``probe --help`` (target < 0.3 s).
+3. a synthetic 100k-entry pair of transformer-like layers where the NPU side makes one
+   extra API call a third of the way in (sequence shift): the alignment alone (target: a
+   few seconds) and the whole compare with diagnosis, end to end;
+4. tensor mode on synthetic .npy dumps (target >= 200 MB/s of tensor data);
+5. ``probe --help`` (target < 0.3 s).
 """
 import argparse
 import glob
@@ -72,6 +75,74 @@ def synth_stats(path, n_entries, seed):
         fh.write("}}")
 
 
+_LAYER = [("Functional.layer_norm", [[4, 512, 1024], [1024], [1024]], [[4, 512, 1024]]),
+          ("Functional.linear", [[4, 512, 1024], [3072, 1024], [3072]], [[4, 512, 3072]]),
+          ("Tensor.chunk", [[4, 512, 3072]], [[4, 512, 1024]] * 3),
+          ("Tensor.view", [[4, 512, 1024]], [[4, 512, 16, 64]]),
+          ("Tensor.transpose", [[4, 512, 16, 64]], [[4, 16, 512, 64]]),
+          ("Torch.matmul", [[4, 16, 512, 64], [4, 16, 64, 512]], [[4, 16, 512, 512]]),
+          ("Tensor.__truediv__", [[4, 16, 512, 512]], [[4, 16, 512, 512]]),
+          ("Functional.softmax", [[4, 16, 512, 512]], [[4, 16, 512, 512]]),
+          ("Torch.matmul", [[4, 16, 512, 512], [4, 16, 512, 64]], [[4, 16, 512, 64]]),
+          ("Tensor.reshape", [[4, 512, 16, 64]], [[4, 512, 1024]]),
+          ("Functional.linear", [[4, 512, 1024], [1024, 1024], [1024]], [[4, 512, 1024]]),
+          ("Tensor.__add__", [[4, 512, 1024], [4, 512, 1024]], [[4, 512, 1024]]),
+          ("Functional.layer_norm", [[4, 512, 1024], [1024], [1024]], [[4, 512, 1024]]),
+          ("Functional.linear", [[4, 512, 1024], [4096, 1024], [4096]], [[4, 512, 4096]]),
+          ("Functional.gelu", [[4, 512, 4096]], [[4, 512, 4096]]),
+          ("Functional.linear", [[4, 512, 4096], [1024, 4096], [1024]], [[4, 512, 1024]]),
+          ("Tensor.__add__", [[4, 512, 1024], [4, 512, 1024]], [[4, 512, 1024]])]
+
+
+def synth_layers(path, n_entries, seed, insert_at=None):
+    """Statistics dump of repeated transformer layers; ``insert_at``: one extra
+    ``Tensor.__add__`` (same signature as the residual adds) before that call."""
+    rng = np.random.default_rng(0)
+    noise = np.random.default_rng(seed)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    counters = {}
+
+    def summ(shape):
+        v = rng.standard_normal(4) * [1, 1, 0.01, 1] + [3, -3, 0, 100]
+        v = v * (1 + noise.standard_normal(4) * 1e-6)
+        return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": shape, "Max": v[0],
+                "Min": v[1], "Mean": v[2], "Norm": v[3], "requires_grad": True}
+    with open(path, "w") as fh:
+        fh.write('{"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": null, "data": {')
+        k = 0
+        for i in range(n_entries):
+            j = i - 1 if insert_at is not None and i > insert_at else i   # the bench's index
+            api, ins, outs = _LAYER[j % len(_LAYER)]
+            if i == insert_at:
+                api, ins, outs = "Tensor.__add__", _LAYER[-1][1], _LAYER[-1][2]
+                extra = np.random.default_rng(99)
+                rng, saved = extra, rng
+            n = counters.get(api, 0)
+            counters[api] = n + 1
+            entry = {"input_args": [summ(s) for s in ins], "input_kwargs": {}, "output": [summ(s) for s in outs]}
+            if i == insert_at:
+                rng = saved
+            fh.write(("," if k else "") + json.dumps(f"{api}.{n}.forward") + ":" + json.dumps(entry))
+            k += 1
+        fh.write("}}")
+
+
+def align_only(npu, bench):
+    """Seconds to read + flatten both sides, and to align their calls."""
+    sys.path.insert(0, ROOT)
+    from probe.compare.align import align_calls, build_calls
+    from probe.compare.engine import read_side
+    t = time.perf_counter()
+    a, b = read_side(npu), read_side(bench)
+    t_read = time.perf_counter() - t
+    t = time.perf_counter()
+    A, B = build_calls(a.rows), build_calls(b.rows)
+    ops = align_calls(A, B)
+    t_align = time.perf_counter() - t
+    unpaired = [op for op in ops if op[0] != "pair"]
+    return t_read, t_align, len(A), len(B), unpaired
+
+
 def synth_tensor(root, n, numel, seed, noise):
     rng = np.random.default_rng(seed)
     rank = os.path.join(root, "step0", "rank")
@@ -127,7 +198,21 @@ def main():
             row(f"{args.entries // 1000}k-entry statistics pair ({mb:.0f} MB json)", ours, None,
                 "< 15 s, < 1024 MB")
 
-        # 3. tensor mode throughput
+        # 3. 100k-entry pair with a sequence shift: alignment
+        if not args.skip_100k:
+            a = os.path.join(tmp, "l_npu", "dump.json")
+            b = os.path.join(tmp, "l_bench", "dump.json")
+            # the NPU makes one extra call a third of the way in: same inputs, one more entry
+            synth_layers(a, args.entries + 1, 1, insert_at=args.entries // 3)
+            synth_layers(b, args.entries, 2)
+            t_read, t_align, na, nb, unpaired = align_only(a, b)
+            print(f"{'shifted pair: read + flatten (in process)':<44} {t_read:8.2f} s")
+            print(f"{f'shifted pair: align {na} vs {nb} calls':<44} {t_align:8.2f} s"
+                  f"{'':18}few s   unpaired: {unpaired[:3]}")
+            ours = probe_compare(a, b, os.path.join(tmp, "o4"))
+            row("shifted 100k pair, compare + diagnosis", ours, None, "< 20 s")
+
+        # 4. tensor mode throughput
         if not args.skip_tensor:
             a, size_a = synth_tensor(os.path.join(tmp, "t_npu"), 24, 2_000_000, 1, 1e-4)
             b, size_b = synth_tensor(os.path.join(tmp, "t_bench"), 24, 2_000_000, 2, 0)
@@ -136,7 +221,7 @@ def main():
             row(f"tensor mode, {total:.0f} MB of .npy", ours, None, ">= 200 MB/s")
             print(f"{'  -> throughput':<44} {total / ours[0]:8.0f} MB/s (end to end, incl. start-up)")
 
-        # 4. CLI start-up
+        # 5. CLI start-up
         best = min(timed([sys.executable, "-m", "probe", "--help"])[0] for _ in range(3))
         print(f"{'probe --help':<44} {best:8.3f} s{'':34}< 0.3 s")
     finally:

@@ -14,11 +14,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("-s", "--stack_mode", action="store_true", help="add NPU_Stack_Info")
     parser.add_argument("-f", "--fuzzy_match", action="store_true",
                         help="ignore call counters, pair calls of each API by order")
+    parser.add_argument("--align", choices=("auto", "on", "off"), default="auto",
+                        help="align the two call sequences: when they differ (auto), always, "
+                             "or never (pair by name, as msprobe)")
+    parser.add_argument("--bench2", help="a second bench dump.json of the same program: "
+                        "run-to-run noise per API, so nondeterminism is not blamed")
 
 
 def run(args) -> int:
     from .api import compare, compare_distributed
-    kw = {"stack_mode": args.stack_mode, "fuzzy_match": args.fuzzy_match}
+    kw = {"stack_mode": args.stack_mode, "fuzzy_match": args.fuzzy_match,
+          "align": {"auto": None, "on": True, "off": False}[getattr(args, "align", "auto")]}
+    bench2 = getattr(args, "bench2", None)
     if args.input_path:
         if not os.path.isfile(args.input_path):
             raise FileNotFoundError(f"compare.json not found: {args.input_path}")
@@ -32,6 +39,8 @@ def run(args) -> int:
         if npu and bench and os.path.isdir(npu) and os.path.isdir(bench):
             paths = compare_distributed(npu, bench, args.output_path, **kw)
         else:
+            if bench2:
+                param["bench2_json_path"] = bench2
             paths = compare(param, args.output_path, **kw)
     elif args.npu and args.bench:
         for p in (args.npu, args.bench):
@@ -39,7 +48,8 @@ def run(args) -> int:
                 raise FileNotFoundError(f"no such dump: {p}")
         if os.path.isfile(args.npu) and os.path.isfile(args.bench):
             paths = compare({"npu_json_path": args.npu, "bench_json_path": args.bench,
-                             "is_print_compare_log": True}, args.output_path, **kw)
+                             "bench2_json_path": bench2, "is_print_compare_log": True},
+                            args.output_path, **kw)
         else:
             paths = compare_distributed(args.npu, args.bench, args.output_path, **kw)
     else:

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import verdict as vd
+from .rows import direction
 
 JUMP = 4.0           # output error above JUMP x input error: the call made it, not its inputs
 NOISE_FACTOR = 4.0   # with a noise floor, error must also exceed NOISE_FACTOR x the noise
@@ -146,7 +147,6 @@ def _units(result, errors):
         u = units.get(key)
         if u is None:
             entry = (a or b).entry
-            from .rows import direction
             u = units[key] = CallDiag(len(units), direction(entry), a.entry if a else None,
                                       b.entry if b else None, p.align or "exact")
             u.module = npu_mod.get(u.npu_entry) or bench_mod.get(u.bench_entry)

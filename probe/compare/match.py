@@ -105,6 +105,9 @@ def pair_rows(npu_rows: list[Row], bench_rows: list[Row], fuzzy: bool = False,
     if align is False:
         return match(npu_rows, bench_rows), "exact"
     from .align import align_calls, build_calls, rows_from_ops
+    if align is None and len(npu_rows) == len(bench_rows) and all(
+            a.name == b.name for a, b in zip(npu_rows, bench_rows)):
+        return match(npu_rows, bench_rows), "exact"         # the common case, decided cheaply
     A, B = build_calls(npu_rows, npu_modules), build_calls(bench_rows, bench_modules)
     if align is None and len(A) == len(B) and all(a.entry == b.entry for a, b in zip(A, B)):
         return match(npu_rows, bench_rows), "exact"
