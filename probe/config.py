@@ -153,6 +153,8 @@ def load_config(config_path=None, **overrides):
         if key not in TOP_KEYS:
             _fail(source, key, f"unknown key; allowed: {', '.join(TOP_KEYS + TASKS)}")
     for key, value in overrides.items():
+        if key not in TOP_KEYS:
+            raise ConfigError(f"PrecisionDebugger: unknown keyword argument {key!r}; allowed: {', '.join(TOP_KEYS)}")
         if value is not None:
             top[key] = value
     task = top.get("task", "statistics")
@@ -168,8 +170,8 @@ def load_config(config_path=None, **overrides):
     if "step" in top:
         cfg["step"] = _parse_steps(source, top["step"])
     if "seed" in top:
-        if isinstance(top["seed"], bool) or not isinstance(top["seed"], int):
-            _fail(source, "seed", f"must be an int, got {top['seed']!r}")
+        if isinstance(top["seed"], bool) or not isinstance(top["seed"], int) or not 0 <= top["seed"] < 2 ** 32:
+            _fail(source, "seed", f"must be an int in [0, 2**32), got {top['seed']!r}")
         cfg["seed"] = top["seed"]
     for key in ("is_deterministic", "enable_dataloader", "async_dump", "backward_origin"):
         if key in top:
@@ -181,7 +183,9 @@ def load_config(config_path=None, **overrides):
     if top.get("framework", "pytorch") != "pytorch":
         _fail(source, "framework", f"only 'pytorch' is supported, got {top['framework']!r}")
 
-    section = raw.get(task, {}) or {}
+    section = raw.get(task)
+    if section is None:
+        section = {}
     if not isinstance(section, dict):
         _fail(source, task, "task section must be a JSON object")
     for key in section:

@@ -97,7 +97,7 @@ class PrecisionDebugger:
             rank_dir = "rank" if rank is None else f"rank{rank}"
             step = self.current_step
             nxt = step + 1 if self.config.wants_step(step + 1) else None
-            self._writer.open_dir(self._step_dir(step, rank_dir), self.config.task == "tensor",
+            self._writer.open_dir(self._step_dir(step, rank_dir), self.config.task in ("tensor", "overflow_check"),
                                   None if nxt is None else self._step_dir(nxt, rank_dir))
         self._attach()
 
@@ -143,7 +143,11 @@ class PrecisionDebugger:
         from probe.dump.modules import ModuleDumper
         level = self.config.level
         self._writer = DumpWriter(self.config.task, level)
-        self._collector = ApiCollector(self.config, self._writer)
+        if self.config.task == "overflow_check":
+            from probe.precheck.overflow_dump import OverflowCollector
+            self._collector = OverflowCollector(self.config, self._writer)
+        else:
+            self._collector = ApiCollector(self.config, self._writer)
         if level in ("L0", "mix"):
             self._construct = Construct()
             self._collector.construct = self._construct
@@ -155,6 +159,9 @@ class PrecisionDebugger:
             self._interceptor = Interceptor(self.registry, self._tracker)
         elif level in ("L1", "mix"):
             self._interceptor = Interceptor(self.registry, self._collector)
+        if self._interceptor is not None:
+            from probe import forensics   # crash dumps; backward origin and meta check when configured
+            forensics.attach(self)
 
     def _attach(self):
         self._active = True

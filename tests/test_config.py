@@ -112,19 +112,15 @@ def test_missing_and_malformed_config_files(tmp_path):
     _refused(lambda: PrecisionDebugger(config_path=str(arr)), "arr.json")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a task section that is not a JSON object ([] or \"\") is accepted")
 def test_task_section_of_wrong_type_is_refused(tmp_path, dump_dir):
     path = _write(tmp_path, _base(dump_dir, statistics=[]))
     _refused(lambda: PrecisionDebugger(config_path=path), "statistics")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an unknown keyword argument (typo) is silently ignored")
 def test_unknown_keyword_argument_is_refused(dump_dir):
     _refused(lambda: PrecisionDebugger(dump_path=dump_dir, dump_pth="elsewhere"), "dump_pth")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: seed out of range raises seed_all's ValueError, not a ConfigError "
-                                        "naming the config file and key")
 def test_seed_out_of_range_is_refused(tmp_path, dump_dir):
     path = _write(tmp_path, _base(dump_dir, seed=-5))
     msg = _refused(lambda: PrecisionDebugger(config_path=path), "seed")

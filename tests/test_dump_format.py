@@ -111,9 +111,6 @@ def test_tiny_model_values_and_schema_match_msprobe_833(make_debugger, dump_dir)
             _same_values(mine["input"], ref["input"], name)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Python-level functionals are recorded as torch's "
-                   "handle_torch_function repackages them (layer_norm's weight/bias/eps as kwargs, softmax "
-                   "gains _stacklevel/dtype), not as called; msprobe records the user's call")
 def test_tiny_model_argument_layout_matches_msprobe_833(make_debugger, dump_dir):
     tm = _tiny_model()
     with open(MSPROBE_833) as f:
@@ -189,8 +186,6 @@ def test_non_tensor_arguments(dump_once):
     assert data["Functional.dropout.0.forward"]["input_kwargs"]["p"] == {"type": "float", "value": 0.0}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a torch.Size argument is recorded as a list of ints; msprobe "
-                                        "records {'type': 'torch.Size', 'value': [...]}")
 def test_torch_size_argument(dump_once):
     x = torch.randn(2, 3, 4)
     data, _ = dump_once(lambda: x.reshape(torch.Size([6, 4])))

@@ -131,8 +131,6 @@ def test_nothing_is_intercepted_after_stop(make_debugger, dump_dir):
     assert dict(vars(torch.Tensor)) == tensor_attrs            # every dunder restored, same objects
 
 
-@pytest.mark.xfail(strict=True, reason="SPEC DEVIATION: Tensor dunder patches stay installed (dormant) after "
-                                        "stop() until close(); issue #2 asks for zero cost after stop()")
 def test_tensor_dunders_are_the_originals_after_stop(make_debugger):
     tensor_attrs = dict(vars(torch.Tensor))
     dbg = make_debugger()

@@ -9,10 +9,12 @@ always returned, and exceptions raised by the API itself propagate unchanged.
 """
 import logging
 import re
+import types
 
 import torch
 
 from probe.dump import stats
+from probe.dump.call_site import as_called
 from probe.dump.records import describe_value
 from probe.dump.stack import StackTable
 from probe.hook_module import grad_capture
@@ -167,6 +169,8 @@ class ApiCollector:
 
     # ---- forward ------------------------------------------------------------
     def _before(self, base, func, args, kwargs):
+        if type(func) is types.FunctionType:
+            args, kwargs = as_called(func, args, kwargs)
         fwd = base + ".forward"
         summaries = _Summaries(self.cache)
         call = {"base": base, "summaries": summaries, "entry": {}, "grad": None,
@@ -221,7 +225,7 @@ class ApiCollector:
             if self.save_tensors:
                 s["data_name"] = self._save(v, file_stem)
             return s
-        if isinstance(v, (list, tuple)):
+        if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
             return [self._describe(x, summaries, f"{file_stem}.{i}") for i, x in enumerate(v)]
         if isinstance(v, dict):
             return {k: self._describe(x, summaries, f"{file_stem}.{k}") for k, x in v.items()}

@@ -15,7 +15,6 @@ parent module in O(1). A hook failure is logged once per module; the module's re
 never changed (the hooks return None).
 """
 import dataclasses
-import inspect
 
 import torch
 
@@ -26,7 +25,6 @@ from probe.hook_module.interceptor import guard, state
 
 # A module spans many autograd nodes; grad_capture's per-API walk limit is too small.
 _MODULE_MAX_NODES = 1 << 16
-_HOOK_CALL_TAKES_LIMIT = "max_nodes" in inspect.signature(grad_capture.hook_call).parameters
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 # Module hooks run outside any API call, so in mix the interceptor's function mode is live
 # there: every tensor attribute read (t.shape, t.grad_fn) would go through it (~3 us each).
@@ -60,36 +58,8 @@ class Blocked:
 blocked = Blocked()
 
 
-def _guard_grad_sum():
-    """Shim until grad_capture guards it: summing the grads of an input reached by several
-    edges (``x`` feeding fc1 and the residual add; ``x * x``) runs ``a + b`` inside a
-    backward hook, which the interceptor would record as a spurious ``Tensor.__add__``."""
-    add = getattr(grad_capture, "_add", None)
-    if add is None or getattr(add, "_probe_guarded", False):
-        return
-
-    def guarded_add(a, b):
-        with guard():
-            return add(a, b)
-    guarded_add._probe_guarded = True
-    grad_capture._add = guarded_add
-
-
-_guard_grad_sum()
-
-
 def _hook_call(before, outputs, n_inputs, seen_grad, on_done):
-    if _HOOK_CALL_TAKES_LIMIT:
-        return grad_capture.hook_call(before, outputs, n_inputs, seen_grad, on_done,
-                                      max_nodes=_MODULE_MAX_NODES)
-    old = getattr(grad_capture, "_MAX_NODES", None)
-    if old is None:
-        return grad_capture.hook_call(before, outputs, n_inputs, seen_grad, on_done)
-    grad_capture._MAX_NODES = _MODULE_MAX_NODES
-    try:
-        return grad_capture.hook_call(before, outputs, n_inputs, seen_grad, on_done)
-    finally:
-        grad_capture._MAX_NODES = old
+    return grad_capture.hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MODULE_MAX_NODES)
 
 
 def _plain(out):

@@ -11,15 +11,48 @@ call, the autograd nodes the call created are found by walking back from its out
 * grads w.r.t. each input: post-hooks on the nodes with an edge into that input,
   reported in argument order (msprobe reports autograd-node order).
 
-Hooks return None, so gradients are bitwise unchanged. A call's record is complete when
-every hooked node has run, or at the end of the backward pass for nodes that never run.
+Hooks return None, so gradients are bitwise unchanged, and an error inside one is logged
+once and swallowed: the user's ``backward()`` never sees it. A call's record is complete
+when every hooked node has run, or at the end of the backward pass for nodes that never
+run. An in-place API on a view reaches its input through the base (autograd rewrites the
+graph with ``CopySlices``): the base's gradient is cut back to the view's geometry.
 """
+import logging
 import threading
 
 import torch
 
+from probe.hook_module.interceptor import guard
+
+log = logging.getLogger("probe")
 _MAX_NODES = 256          # a walk that goes further has left the call's own subgraph
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+_no_function_mode = torch._C.DisableTorchFunction
+_reported = set()
+
+
+class _quiet:
+    """Inside a backward hook: probe's own tensor work is not intercepted (the function
+    mode is still live there) and never raises into autograd."""
+    __slots__ = ("_guard", "_mode")
+
+    def __enter__(self):
+        self._guard = guard()
+        self._mode = _no_function_mode()
+        self._guard.__enter__()
+        self._mode.__enter__()
+
+    def __exit__(self, kind, exc, tb):
+        self._mode.__exit__(None, None, None)
+        self._guard.__exit__(None, None, None)
+        if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            key = (kind, str(exc)[:80])
+            if key not in _reported:
+                _reported.add(key)
+                log.warning("probe: recording a gradient failed (%s: %s); training is unaffected",
+                            kind.__name__, exc)
+            return True
+        return False
 
 
 class PendingGrads:
@@ -51,10 +84,11 @@ class PendingGrads:
             if self.done:
                 return
             self.done = True
-        seen = self.seen_grad
-        in_grads = [None if g is None else seen(g) for g in self.in_raw]
-        self.in_raw = None
-        self.on_done(self.out_grads, in_grads)
+        with _quiet():
+            seen = self.seen_grad
+            in_grads = [None if g is None else seen(g) for g in self.in_raw]
+            self.in_raw = None
+            self.on_done(self.out_grads, in_grads)
 
 
 def _split_shared(links):
@@ -87,9 +121,11 @@ _seq_floor = _SeqFloor()
 
 
 def edges_before(inputs):
-    """Edges of the inputs that require grad, taken before the call."""
+    """Edges of the inputs that require grad, taken before the call (an in-place API
+    rewrites them). Views also record their base's edge, with the view's geometry."""
     edges = {}
     leaves = {}
+    bases = {}
     floor = _seq_floor.value
     for i, t in enumerate(inputs):
         if t is None or not t.requires_grad:
@@ -97,15 +133,20 @@ def edges_before(inputs):
         fn = t.grad_fn
         if fn is None:
             leaves.setdefault(id(t), []).append(i)
-        else:
-            edges.setdefault((fn, t.output_nr), []).append(i)
-            seq = fn._sequence_nr()
-            if seq > floor:
-                floor = seq
-    return edges, leaves, floor
+            continue
+        edges.setdefault((fn, t.output_nr), []).append(i)
+        seq = fn._sequence_nr()
+        if seq > floor:
+            floor = seq
+        if t._is_view():
+            base = t._base
+            if base.grad_fn is not None:
+                geometry = (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset())
+                bases.setdefault((base.grad_fn, base.output_nr), []).append((i, geometry))
+    return edges, leaves, bases, floor
 
 
-def hook_call(before, outputs, n_inputs, seen_grad, on_done):
+def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODES):
     """Hook the nodes one call created. ``before`` comes from :func:`edges_before`.
 
     ``seen_grad(grad)`` turns a gradient into what is kept (a summary, a CPU copy);
@@ -113,7 +154,7 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done):
     None where no gradient flowed. Returns the PendingGrads, or None when no output of
     the call requires grad.
     """
-    edges, leaves, floor = before
+    edges, leaves, bases, floor = before
     out_nodes = {}  # node -> [(output_nr, output index)]
     for j, t in enumerate(outputs):
         if t is not None and t.requires_grad:
@@ -131,6 +172,7 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done):
     boundary = {}  # node -> [(position in next_functions, [input indices])]
     passthrough = []  # (output index, [input indices]) for outputs that are an input unchanged
     input_nodes = {node for node, _ in edges}
+    views_links = []  # (node, position, [(input index, view geometry)]): in-place on a view
     stack = []
     seen = set()
     for fn, outs in out_nodes.items():
@@ -155,14 +197,22 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done):
             if slots is not None:
                 links.append((k, slots))
                 continue
+            views = bases.get((nxt, nr)) if bases else None
+            if views is not None:
+                views_links.append((node, k, views))
+                continue
             if nxt in seen or nxt._sequence_nr() <= floor or not hasattr(nxt, "next_functions"):
                 continue
-            if len(seen) >= _MAX_NODES:
+            if len(seen) >= max_nodes:
                 return None
             seen.add(nxt)
             stack.append(nxt)
         if links:
             boundary[node] = _split_shared(links)
+    view_cuts = {}
+    for node, k, views in views_links:
+        boundary.setdefault(node, [])
+        view_cuts.setdefault(node, []).append((k, views))
 
     pending = PendingGrads(len(outputs), n_inputs, len(boundary), seen_grad, on_done)
     queued = []
@@ -190,19 +240,27 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done):
             continue  # its post-hook sees the output grads too: one hook instead of two
 
         def pre_hook(grad_outputs, outs=outs):
-            ensure_finish_queued()
-            take_outputs(grad_outputs, outs)
+            with _quiet():
+                ensure_finish_queued()
+                take_outputs(grad_outputs, outs)
         fn.register_prehook(pre_hook)
 
     for node, links in boundary.items():
-        def post_hook(grad_inputs, grad_outputs, links=links, outs=out_nodes.get(node)):
-            ensure_finish_queued()
-            if outs is not None:
-                take_outputs(grad_outputs, outs)
-            for k, slots in links:
-                g = grad_inputs[k]
-                if g is not None:
-                    pending.add_input_grad(slots, g)
+        def post_hook(grad_inputs, grad_outputs, links=links, outs=out_nodes.get(node),
+                      cuts=view_cuts.get(node, ())):
+            with _quiet():
+                ensure_finish_queued()
+                if outs is not None:
+                    take_outputs(grad_outputs, outs)
+                for k, slots in links:
+                    g = grad_inputs[k]
+                    if g is not None:
+                        pending.add_input_grad(slots, g)
+                for k, views in cuts:
+                    g = grad_inputs[k]
+                    if g is not None:
+                        for i, (size, stride, offset) in views:
+                            pending.add_input_grad((i,), g.as_strided(size, stride, g.storage_offset() + offset))
             pending.node_ran()
         node.register_hook(post_hook)
     return pending

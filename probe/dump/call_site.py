@@ -1,0 +1,88 @@
+"""Arguments of a Python-level API as the user wrote them, not as torch re-packs them.
+
+``F.layer_norm(x, shape, w, b, eps)`` reaches a function mode as ``(x, shape)`` plus
+``weight=, bias=, eps=`` keywords, and ``F.softmax(x, dim=-1)`` gains ``_stacklevel``
+and ``dtype``: torch's dispatch passes every parameter it has. msprobe, which wraps the
+function itself, records the call as written, and its users compare row names such as
+``input.2``. The caller's ``CALL`` instruction says how many arguments were positional
+and which keywords were given; that layout is read once per call site and cached.
+Where it cannot be read (``f(*args)``, other interpreters), the dispatch form is kept.
+"""
+import dis
+import inspect
+import sys
+
+_CALL_OPS = {dis.opmap[name] for name in ("CALL", "CALL_KW") if name in dis.opmap}
+_KW_NAMES = dis.opmap.get("KW_NAMES")
+_LOAD_CONST = dis.opmap["LOAD_CONST"]
+_SKIP = {dis.opmap[name] for name in ("PRECALL", "CACHE", "EXTENDED_ARG") if name in dis.opmap}
+
+_sites = {}    # (code, f_lasti) -> (n positional, keyword names) or None
+_params = {}   # function -> positional-or-keyword parameter names, or None
+
+
+def as_called(func, args, kwargs, api_frame_limit=8):
+    """``(args, kwargs)`` re-split the way the caller of ``func`` wrote the call."""
+    names = _params.get(func, False)
+    if names is False:
+        names = _params[func] = _param_names(func)
+    if names is None:
+        return args, kwargs
+    caller = _caller_of(func.__code__, api_frame_limit)
+    if caller is None:
+        return args, kwargs
+    key = (caller.f_code, caller.f_lasti)
+    site = _sites.get(key, False)
+    if site is False:
+        site = _sites[key] = _read_site(caller.f_code, caller.f_lasti)
+    if site is None:
+        return args, kwargs
+    n_pos, kw_names = site
+    values = dict(zip(names, args))
+    values.update(kwargs)
+    if n_pos > len(names) or any(n not in values for n in names[:n_pos]) or any(k not in values for k in kw_names):
+        return args, kwargs
+    return tuple(values[n] for n in names[:n_pos]), {k: values[k] for k in kw_names}
+
+
+def _param_names(func):
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return None
+    return tuple(p.name for p in params)
+
+
+def _caller_of(code, limit):
+    """The frame that called the function whose code is ``code`` (it is on the stack)."""
+    f = sys._getframe(2)
+    for _ in range(limit):
+        if f is None:
+            return None
+        if f.f_code is code:
+            return f.f_back
+        f = f.f_back
+    return None
+
+
+def _read_site(code, lasti):
+    """(positional count, keyword names) of the CALL that ``lasti`` is in, else None."""
+    ops = [(i.offset, i.opcode, i.arg) for i in dis.get_instructions(code, show_caches=False)]
+    before = [op for op in ops if op[0] < lasti]
+    if not before or before[-1][1] not in _CALL_OPS:
+        return None
+    call_op, argc = before[-1][1], before[-1][2] or 0
+    # 3.11/3.12: KW_NAMES precedes CALL; 3.13+: CALL_KW takes the names tuple loaded last.
+    names_op = _LOAD_CONST if dis.opname[call_op] == "CALL_KW" else _KW_NAMES
+    kw = ()
+    for offset, opcode, arg in reversed(before[:-1]):
+        if opcode in _SKIP:
+            continue
+        if opcode == names_op:
+            kw = code.co_consts[arg]
+        break
+    if not isinstance(kw, tuple) or len(kw) > argc:
+        return None
+    return argc - len(kw), kw
