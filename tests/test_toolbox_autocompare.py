@@ -17,6 +17,13 @@ from probe.toolbox import OpAutoCompare, apply_feature, replay_cli
 from probe.toolbox.options import DEFAULT_TOLERANCE, Tolerances
 from probe.toolbox.random_checks import check_random
 
+
+@pytest.fixture(autouse=True)
+def _results_in_tmp(tmp_path, monkeypatch):
+    """Tools write their default results folder under the working directory."""
+    monkeypatch.chdir(tmp_path)
+
+
 BF16 = torch.bfloat16
 
 

@@ -10,6 +10,13 @@ import torch.nn.functional as F
 from probe.toolbox import OpDtypeCast, OpFallback, apply_feature
 from probe.toolbox.options import parse_dtype_map
 
+
+@pytest.fixture(autouse=True)
+def _results_in_tmp(tmp_path, monkeypatch):
+    """Tools write their default results folder under the working directory."""
+    monkeypatch.chdir(tmp_path)
+
+
 BF16 = torch.bfloat16
 
 

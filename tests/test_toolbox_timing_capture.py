@@ -1,3 +1,4 @@
+import pytest
 """OpTimeMeasure: one CSV row per call, backward time per call, warm-up flagged, summary;
 OpCapture + probe replay: a captured MLP replays bitwise on the CPU, forward and backward,
 a tampered capture is reported, saved files load with weights_only."""
@@ -10,6 +11,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from probe.toolbox import OpCapture, OpTimeMeasure, apply_feature, replay_cli
+
+
+@pytest.fixture(autouse=True)
+def _results_in_tmp(tmp_path, monkeypatch):
+    """Tools write their default results folder under the working directory."""
+    monkeypatch.chdir(tmp_path)
+
 
 
 def _mlp():
