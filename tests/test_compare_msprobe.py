@@ -108,6 +108,15 @@ def test_md5_mode():
     assert len(cross) > 10 and cross["Err_message"].str.contains("judged by the statistics").all()
 
 
+def test_md5_report_with_diagnosis(tmp_path):
+    # md5 mode has no MaxRelativeErr column: the diagnosis must not need one
+    from probe.compare import compare
+    src = dump("v26_L1_statistics_md5_fp32")
+    paths = compare({"npu_json_path": src, "bench_json_path": src, "is_print_compare_log": False},
+                    str(tmp_path), workers=1)
+    assert len(paths) == 3 and all(os.path.isfile(p) for p in paths)
+
+
 def test_md5_same_dtype_hash_difference_is_error():
     # the same dump against itself with one hash altered
     import json, shutil, tempfile

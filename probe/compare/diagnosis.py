@@ -175,9 +175,10 @@ def _units(result, errors):
         if result.mode == "tensor":
             cos = [1 - c for c in (_f(cols["Cosine"][i]) for _, i in outs) if c is not None and not math.isnan(c)]
             rel = [m for m in (_f(cols["MaxRelativeErr"][i]) for _, i in outs) if m is not None and math.isfinite(m)]
-        else:
+        else:       # md5 mode has no MaxRelativeErr column
             cos = []
-            rel = [m for m in (_f(cols["MaxRelativeErr"][i]) for _, i in outs) if m is not None and math.isfinite(m)]
+            rel = [m for m in (_f(cols["MaxRelativeErr"][i]) for _, i in outs) if m is not None
+                   and math.isfinite(m)] if "MaxRelativeErr" in cols else []
         u.one_minus_cos = max(cos) if cos else None
         u.max_rel = max(rel) if rel else None
     return calls
