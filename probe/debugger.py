@@ -94,11 +94,7 @@ class PrecisionDebugger:
             self._make_dumpers()
         if self._dir_step != self.current_step:
             self._dir_step = self.current_step
-            rank_dir = "rank" if rank is None else f"rank{rank}"
-            step = self.current_step
-            nxt = step + 1 if self.config.wants_step(step + 1) else None
-            self._writer.open_dir(self._step_dir(step, rank_dir), self.config.task in ("tensor", "overflow_check"),
-                                  None if nxt is None else self._step_dir(nxt, rank_dir))
+            self._writer.open_dir(self._step_dir(self.current_step, rank), self._with_tensors)
         self._attach()
 
     def stop(self):
@@ -114,6 +110,9 @@ class PrecisionDebugger:
         if self._writer is not None and self._dir_step == self.current_step:
             self._write_meta(only_if_grown=True)   # backward entries that arrived after stop() add to construct.json
             self._writer.sync()
+            if self.config.wants_step(self.current_step + 1):
+                # made while the loop runs between steps, not on the next step's path
+                self._writer.prepare_dir(self._step_dir(self.current_step + 1, _current_rank()), self._with_tensors)
         for part in (self._collector, self._modules, self._kernels, self._tracker):
             if part is not None:
                 part.reset_step()
@@ -189,8 +188,12 @@ class PrecisionDebugger:
                 h.remove()
             request[2] = None
 
-    def _step_dir(self, step, rank_dir):
-        return os.path.join(self.config.dump_path, f"step{step}", rank_dir)
+    @property
+    def _with_tensors(self):
+        return self.config.task in ("tensor", "overflow_check")
+
+    def _step_dir(self, step, rank):
+        return os.path.join(self.config.dump_path, f"step{step}", "rank" if rank is None else f"rank{rank}")
 
     def _write_meta(self, only_if_grown=False):
         if self._dir_step != self.current_step:

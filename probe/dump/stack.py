@@ -22,18 +22,26 @@ def _is_plumbing(filename):
     return filename.startswith(_PROBE_DIR) or filename.startswith(_TORCH_PLUMBING)
 
 
+_MAX_KEPT = 50_000  # distinct stacks kept formatted across steps before starting afresh
+
+
 class StackTable:
-    """Distinct stacks of a step: ``capture()`` returns a small int id."""
+    """Distinct stacks, formatted once and kept across steps; ``capture()`` returns an id.
+
+    A training loop repeats the same stacks every step, so only which entries used which
+    stack is per step (``clear()``); the formatted frames stay.
+    """
 
     def __init__(self):
         self._ids = {}        # key -> id
         self.stacks = []      # id -> list of formatted frames, innermost first
-        self.names = []       # id -> entry names that share it
+        self._used = {}       # id -> entry names of this step, in first-use order
 
     def clear(self):
-        self._ids.clear()
-        self.stacks = []
-        self.names = []
+        self._used = {}
+        if len(self.stacks) > _MAX_KEPT:
+            self._ids.clear()
+            self.stacks = []
 
     def capture(self, entry_name, api_code=None):
         """Record the current stack for ``entry_name``; ``api_code`` is the API's own code object."""
@@ -59,13 +67,16 @@ class StackTable:
                 frames.append(_format(f.f_code, f.f_lineno))
                 f = f.f_back
             self.stacks.append(frames)
-            self.names.append([])
-        self.names[sid].append(entry_name)
+        names = self._used.get(sid)
+        if names is None:
+            self._used[sid] = [entry_name]
+        else:
+            names.append(entry_name)
         return sid
 
     def to_json(self):
-        """msprobe's grouped layout: {"0": [[names], [frames]], ...}."""
-        return {str(i): [self.names[i], self.stacks[i]] for i in range(len(self.stacks)) if self.names[i]}
+        """msprobe's grouped layout for this step: {"0": [[names], [frames]], ...}."""
+        return {str(i): [names, self.stacks[sid]] for i, (sid, names) in enumerate(self._used.items())}
 
 
 def _format(code, line):

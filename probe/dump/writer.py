@@ -117,10 +117,14 @@ class DumpWriter:
         self._thread.start()
 
     # ---- training thread -------------------------------------------------
-    def open_dir(self, rank_dir, with_tensors, next_dir=None):
-        """Start a fresh step/rank folder (replacing an earlier run's); make ``next_dir`` ahead."""
+    def open_dir(self, rank_dir, with_tensors):
+        """Start a fresh step/rank folder, replacing what an earlier run left there."""
         self._flush_pending()
-        self._queue.put(("open", rank_dir, with_tensors, next_dir))
+        self._queue.put(("open", rank_dir, with_tensors))
+
+    def prepare_dir(self, rank_dir, with_tensors):
+        """Make the folder of a coming step ahead, off the training thread's path."""
+        self._queue.put(("prepare", rank_dir, with_tensors))
 
     def add_entry(self, name, body):
         self._pending.append((name, body))
@@ -182,7 +186,7 @@ class DumpWriter:
                 if kind == "sync":
                     item[1].set()
                 elif kind == "open":
-                    rank_dir, with_tensors, next_dir = item[1:]
+                    rank_dir, with_tensors = item[1:]
                     if current is not None:
                         current.close()
                     if prepared is not None and prepared.rank_dir == rank_dir:
@@ -190,11 +194,10 @@ class DumpWriter:
                     else:
                         current = _StepFiles(rank_dir, self.header, with_tensors)
                     current.activate(trash)
+                elif kind == "prepare":
                     if prepared is not None:
                         prepared.close()
-                        prepared = None
-                    if next_dir is not None:
-                        prepared = _StepFiles(next_dir, self.header, with_tensors)
+                    prepared = _StepFiles(item[1], self.header, item[2])
                 elif kind == "entries":
                     current.append(item[1])
                 elif kind == "tensor":
