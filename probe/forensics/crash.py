@@ -47,14 +47,12 @@ class CrashDump(_hub.Feature):
         self._seen = set()         # (api, exception type): one dump each
 
     def before(self, call):
-        found = []
-        _walk(call.args, "input", found, positional=True)
-        _walk(call.kwargs, "kwargs", found, positional=False)
-        if not found:
-            return None
         if self.capture_inputs:
-            return [(key, t, t._version, cpu_copy(t)) for key, t in found]
-        return [(key, t, t._version, None) for key, t in found]
+            found = _tensors(call)
+            return [(key, t, t._version, cpu_copy(t)) for key, t in found] or None
+        # This runs on every call: keep only the versions, to tell later whether the
+        # failing call modified a tensor before raising.
+        return {id(a): a._version for a in call.args if isinstance(a, torch.Tensor)}
 
     def failed(self, call, state, exc):
         if len(self.written) >= self.max_dumps:
@@ -63,7 +61,10 @@ class CrashDump(_hub.Feature):
         if key in self._seen:
             return
         self._seen.add(key)
-        folder = self._save(call, state or [], exc)
+        if not isinstance(state, list):
+            versions = state or {}
+            state = [(k, t, versions.get(id(t), t._version), None) for k, t in _tensors(call)]
+        folder = self._save(call, state, exc)
         self.written.append(folder)
         log.warning("probe: %s raised %s; its inputs, stack and a repro script are in %s",
                     call.entry + ".forward", type(exc).__name__, folder)
@@ -131,6 +132,13 @@ class CrashDump(_hub.Feature):
                 meta["notes"].append(f"no repro script: {type(err).__name__}: {err}")
         write_json(os.path.join(folder, "exception.json"), meta)
         return folder
+
+
+def _tensors(call):
+    found = []
+    _walk(call.args, "input", found, positional=True)
+    _walk(call.kwargs, "kwargs", found, positional=False)
+    return found
 
 
 def _walk(value, prefix, out, positional):
