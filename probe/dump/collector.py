@@ -238,14 +238,32 @@ class ApiCollector:
 
     # ---- backward -----------------------------------------------------------
     def _grad_seen(self, g):
-        """Summarise a gradient inside the backward pass, before autograd reuses its buffer."""
+        """Summarise a gradient inside the backward pass, before autograd reuses its buffer.
+
+        On an accelerator the reductions start now but are fetched with the rest of the
+        entry's (``_resolve_grads``): one host transfer per backward entry.
+        """
         with guard(), _no_function_mode():   # in a backward hook the function mode is live
             summaries = _Summaries(self.cache)
             s = self._summary(g, summaries)
-            summaries.resolve()
+            if g.device.type == "cpu" or not summaries.todo:
+                summaries.resolve()
+            else:
+                s["_pending"] = summaries
             if self.save_tensors:
                 s["_tensor"] = stats.host_copy(g)
             return s
+
+    @staticmethod
+    def _resolve_grads(grads):
+        """Fetch the pending reductions of one backward entry's gradients together."""
+        pending = [g.pop("_pending") for g in grads if g is not None and "_pending" in g]
+        if pending:
+            with guard(), _no_function_mode():
+                merged = pending[0]
+                for p in pending[1:]:
+                    merged.todo.extend(p.todo)
+                merged.resolve()
 
     def _backward_done_fn(self, base, parent=None):
         bwd = base + ".backward"
@@ -253,6 +271,7 @@ class ApiCollector:
 
         def on_done(out_grads, in_grads):
             try:
+                self._resolve_grads(out_grads + in_grads)
                 entry = {}
                 flt = self.filter
                 if flt.inputs:
@@ -269,6 +288,7 @@ class ApiCollector:
     def _finish_grad(self, summary, file_stem):
         if summary is None:
             return None
+        self._resolve_grads([summary])
         array = summary.pop("_tensor", None)
         if array is not None:
             name = file_stem + ".npy"

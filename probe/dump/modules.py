@@ -275,6 +275,7 @@ class ModuleDumper:
 
         def on_done(out_grads, in_grads):
             try:
+                api._resolve_grads(out_grads + in_grads)
                 entry = {}
                 if api.filter.inputs:
                     entry["input"] = [api._finish_grad(g, f"{bwd}.input.{i}") for i, g in enumerate(out_grads)]
@@ -311,6 +312,8 @@ class ModuleDumper:
                 continue
             if summary is None:
                 summary = self.api._grad_seen(grad)
+                if len(owners) > 1:   # copies below must carry the numbers, not a shared pending fetch
+                    self.api._resolve_grads([summary])
             pending = self.grad_pending.setdefault(name, {})
             pending[p_name] = summary if len(owners) == 1 else dict(summary)
             if len(pending) == len(order):
@@ -333,5 +336,6 @@ class ModuleDumper:
         entry_name = f"{name}.parameters_grad.{k}"
         api = self.api
         keys = order or list(pending)
+        api._resolve_grads(list(pending.values()))
         entry = {p: [api._finish_grad(pending[p], f"{entry_name}.{p}")] for p in keys if p in pending}
         api.writer.add_entry(entry_name, entry)
