@@ -227,3 +227,25 @@ def _flat(items):
             yield from _flat(it)
         elif isinstance(it, dict):
             yield it
+
+
+def test_deferred_gradient_fetch_gives_the_same_entries(make_debugger, dump_dir, monkeypatch):
+    """The accelerator path (one host fetch per backward entry) forced on the CPU."""
+    from probe.dump.collector import ApiCollector
+
+    def dumped(defer, path):
+        monkeypatch.setattr(ApiCollector, "defer_grad_fetch", defer)
+        model, x, y = MAKERS["gpt"]()
+        dbg = make_debugger(dump_path=path)
+        dbg.start()
+        train_step(model, torch.optim.SGD(model.parameters(), lr=0.01), x, y)
+        dbg.stop()
+        dbg.step()
+        return load_dump(path)
+
+    plain = dumped(False, dump_dir + "/plain")
+    deferred = dumped(True, dump_dir + "/deferred")
+    backward = [name for name in plain if name.endswith(".backward")]
+    assert backward and list(plain) == list(deferred)
+    for name in backward:
+        assert deferred[name] == plain[name], name
