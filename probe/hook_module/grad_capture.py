@@ -214,7 +214,11 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
         boundary.setdefault(node, [])
         view_cuts.setdefault(node, []).append((k, views))
 
-    pending = PendingGrads(len(outputs), n_inputs, len(boundary), seen_grad, on_done)
+    # With no node of its own to wait for (an output that is an input returned as is,
+    # x.float() on a float tensor), the record completes when its output grads arrive.
+    prehooked = [fn for fn in out_nodes if fn not in boundary]
+    waiting = len(boundary) if boundary else len(prehooked)
+    pending = PendingGrads(len(outputs), n_inputs, waiting, seen_grad, on_done)
     queued = []
 
     def ensure_finish_queued():
@@ -243,6 +247,8 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
             with _quiet():
                 ensure_finish_queued()
                 take_outputs(grad_outputs, outs)
+            if not boundary:
+                pending.node_ran()
         fn.register_prehook(pre_hook)
 
     for node, links in boundary.items():
