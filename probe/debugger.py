@@ -158,9 +158,10 @@ class PrecisionDebugger:
             self._interceptor = Interceptor(self.registry, self._tracker)
         elif level in ("L1", "mix"):
             self._interceptor = Interceptor(self.registry, self._collector)
-        if self._interceptor is not None:
-            from probe import forensics   # crash dumps; backward origin and meta check when configured
-            forensics.attach(self)
+        else:  # L0 records modules only; APIs are still watched, for crash dumps
+            self._interceptor = Interceptor(self.registry, _call_through)
+        from probe import forensics   # crash dumps; backward origin and meta check when configured
+        forensics.attach(self)
 
     def _attach(self):
         self._active = True
@@ -213,6 +214,10 @@ class PrecisionDebugger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def _call_through(name, func, args, kwargs):
+    return func(*args, **kwargs)
 
 
 def _current():

@@ -166,3 +166,18 @@ def test_one_dump_per_api_and_error(tmp_path):
             pass
     d.stop()
     assert len(os.listdir(tmp_path / "dump" / "exception")) == 1
+
+
+@pytest.mark.parametrize("level", ["L0", "mix", "L2"])
+def test_crash_dump_at_every_level(tmp_path, level):
+    """Modules-only (L0) and kernel (L2) dumps still watch API calls for crashes."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    d = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level=level)
+    d.start(model)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        model(torch.randn(2, 5))
+    d.stop()
+    d.step()
+    d.close()
+    folder = tmp_path / "dump" / "exception" / "Functional.linear.0.forward"
+    assert (folder / "exception.json").is_file(), os.listdir(tmp_path / "dump")
