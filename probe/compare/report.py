@@ -2,7 +2,6 @@
 row per call in Diagnosis), a CSV of the rows and compare_summary_*.json next to it."""
 from __future__ import annotations
 
-import csv
 import os
 import time
 from collections import Counter
@@ -100,14 +99,17 @@ def _plot(x):
 
 
 def diagnosis_sheet(diag) -> Sheet:
-    rows, styles = [], []
-    for u in diag.calls:
-        rows.append([u.index + 1, u.direction, u.npu_entry, u.bench_entry, u.match, u.module,
-                     u.input_error, u.output_error, u.jump if u.output_error is not None else None,
-                     u.threshold if u.output_error is not None else None, u.noise, u.status,
-                     u.one_minus_cos, u.max_rel, _plot(u.output_error), _plot(u.input_error)])
-        styles.append(_STATUS_STYLE.get(u.status))
-    return Sheet("Diagnosis", DIAG_HEADER, rows, styles, _DIAG_WIDTHS)
+    calls = diag.calls
+    judged = [u.output_error is not None for u in calls]
+    cols = [[u.index + 1 for u in calls], [u.direction for u in calls],
+            [u.npu_entry for u in calls], [u.bench_entry for u in calls], [u.match for u in calls],
+            [u.module for u in calls], [u.input_error for u in calls], [u.output_error for u in calls],
+            [u.jump if j else None for u, j in zip(calls, judged)],
+            [u.threshold if j else None for u, j in zip(calls, judged)], [u.noise for u in calls],
+            [u.status for u in calls], [u.one_minus_cos for u in calls], [u.max_rel for u in calls],
+            [_plot(u.output_error) for u in calls], [_plot(u.input_error) for u in calls]]
+    styles = [_STATUS_STYLE.get(u.status) for u in calls]
+    return Sheet("Diagnosis", DIAG_HEADER, cols, styles, _DIAG_WIDTHS)
 
 
 def _describe(label, rec) -> list:
@@ -161,19 +163,19 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
     stem = output_stem(output_path, tag)
     cols = result.columns
     header = list(cols)
-    n = result.n_rows
-    rows = (list(r) for r in zip(*(cols[h] for h in header))) if n else iter(())
     styles = [None if v == "pass" else v for v in cols["Result"]]
-    main = Sheet("compare_result", header, rows, styles, _widths(header, cols),
-                 {h for h in header if h in PERCENT_COLUMNS and result.mode == "statistics"})
+    xlsx_path, csv_path = stem + ".xlsx", stem + ".csv"
+    main = Sheet("compare_result", header, [cols[h] for h in header], styles, _widths(header, cols),
+                 {h for h in header if h in PERCENT_COLUMNS and result.mode == "statistics"},
+                 csv_path=csv_path)
     lines = summary_rows(result)
     sheets = [main]
     digest = None
     if diag is not None:
         digest = summary_json.build(result, diag, bench2_path)
         lines += diagnosis_lines(digest)
-    summary = Sheet("Summary", ["Item", "Value"], lines, None, [40, 110],
-                    freeze_header=False, autofilter=False)
+    summary = Sheet.from_rows("Summary", ["Item", "Value"], lines, None, [40, 110],
+                              freeze_header=False, autofilter=False)
     sheets.append(summary)
     if diag is not None:
         sheets.append(diagnosis_sheet(diag))
@@ -187,12 +189,7 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
                  ("input error", "Diagnosis", col("Plot Input Error"), 2, n + 1)],
                 anchor=(3, 1, 18, 30), x_title="call # (Diagnosis sheet)",
                 y_title=digest["error_measure"], log_y=True))
-    xlsx_path, csv_path = stem + ".xlsx", stem + ".csv"
-    write_workbook(xlsx_path, sheets)
-    with open(csv_path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(header)
-        w.writerows(zip(*(cols[h] for h in header)))
+    write_workbook(xlsx_path, sheets)         # the CSV too, with the main sheet
     paths = [xlsx_path, csv_path]
     if digest is not None:
         d, base = os.path.split(stem)

@@ -8,23 +8,37 @@ widths, which fit in a few hundred lines of SpreadsheetML.  openpyxl reads the r
 """
 from __future__ import annotations
 
-import math
+import csv
 import re
 import zipfile
+from itertools import chain, repeat
 from dataclasses import dataclass, field
 
+import numpy as np
+
 _ILLEGAL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+_ILLEGAL_BUT_NUL = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f]")   # NUL separates joined cells
+_EDGE_SPACE = re.compile(r"\s\x00|\x00\s")
 FILLS = {None: 0, "error": 1, "warning": 2}          # row style -> fill slot
 _FILL_RGB = {"error": "FFFFC7CE", "warning": "FFFFEB9C"}
 # cellXfs: data cells use fill*2 + percent (0 = plain); the header uses _XF_HEADER
 _XF_HEADER = 6
+_CHUNK_ROWS = 4096                                   # rows encoded and written at a time
+# A cell is "<c" + its style attribute + one of these bodies.
+_EMPTY = "/>"
+_NUM = "><v>%s</v></c>"
+_STR = ' t="inlineStr"><is><t>%s</t></is></c>'
+_STR_WS = ' t="inlineStr"><is><t xml:space="preserve">%s</t></is></c>'   # edge whitespace kept
+_BOOL = {False: ' t="b"><v>0</v></c>', True: ' t="b"><v>1</v></c>'}
+_INF, _NINF = float("inf"), float("-inf")
+_NONE_TYPE = type(None)
 
 
 @dataclass
 class Sheet:
     name: str
     header: list
-    rows: object                         # iterable of lists, one value per header column
+    columns: list                        # one list of values per header column
     row_styles: list | None = None       # per data row: None / "error" / "warning"
     widths: list | None = None
     percent_columns: set = field(default_factory=set)
@@ -32,6 +46,13 @@ class Sheet:
     autofilter: bool = True
     wrap_columns: set = field(default_factory=set)
     charts: list = field(default_factory=list)   # LineChart objects drawn on this sheet
+    csv_path: str | None = None          # also write these rows as CSV (same pass, same text)
+
+    @classmethod
+    def from_rows(cls, name, header, rows, *args, **kw):
+        """A small sheet given row by row."""
+        cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in header]
+        return cls(name, header, cols, *args, **kw)
 
 
 @dataclass
@@ -67,32 +88,103 @@ def _esc(text: str) -> str:
     return text
 
 
-def _cell(value, style: int) -> str:
-    """One <c> element; no cell reference (cells are positional, empty ones kept as <c/>)."""
-    s = f' s="{style}"' if style else ""
+def _text_body(text: str) -> str:
+    text = _esc(text)
+    if len(text) > 32000:                       # Excel's cell limit is 32767 characters
+        text = text[:32000] + "..."
+    edge = text[:1].isspace() or text[-1:].isspace()
+    return (_STR_WS if edge else _STR) % text
+
+
+def _body(value) -> str:
+    """One cell's body (what follows its style attribute), for cells of unusual columns."""
     t = type(value)
     if t is float:
         if value != value:
-            return f"<c{s}/>"
+            return _EMPTY
         if value in (_INF, _NINF):
-            value = "inf" if value > 0 else "-inf"
-        else:
-            return f"<c{s}><v>{value!r}</v></c>"
-    elif value is None:
-        return f"<c{s}/>"
-    elif t is bool:
-        return f'<c{s} t="b"><v>{int(value)}</v></c>'
-    elif t is int:
-        return f"<c{s}><v>{value}</v></c>"
-    elif isinstance(value, (int, float)):          # numpy scalars
-        return _cell(float(value), style)
-    text = _esc(str(value))
-    if len(text) > 32000:                       # Excel's cell limit is 32767 characters
-        text = text[:32000] + "..."
-    return f'<c{s} t="inlineStr"><is><t xml:space="preserve">{text}</t></is></c>'
+            return _text_body("inf" if value > 0 else "-inf")
+        return _NUM % repr(value)
+    if value is None:
+        return _EMPTY
+    if t is bool:
+        return _BOOL[value]
+    if t is int:
+        return _NUM % value
+    if isinstance(value, (int, float)):          # numpy scalars
+        return _body(float(value))
+    return _text_body(str(value))
 
 
-_INF, _NINF = float("inf"), float("-inf")
+def encode_column(col: list) -> tuple[list, list]:
+    """(cell bodies, CSV fields) of one column, worked out per column type, not per cell.
+
+    Each float is formatted once (repr: what csv.writer writes too) for both files;
+    strings are escaped in one pass over the joined column.  Cells and fields are what
+    ``_body`` and ``_csv_field`` give for each value, which odd (mixed) columns still use.
+    """
+    kinds = set(map(type, col))
+    has_none = _NONE_TYPE in kinds
+    kinds.discard(_NONE_TYPE)
+    if not kinds:
+        return [_EMPTY] * len(col), [""] * len(col)
+    if kinds == {float}:
+        texts = list(map(repr, col))
+        bodies = list(map(_NUM.__mod__, texts))
+        bad = np.flatnonzero(~np.isfinite(np.array(col, dtype=np.float64)))   # None -> NaN
+        for k in bad.tolist():
+            v = col[k]
+            bodies[k] = _body(v)
+            if v is None:
+                texts[k] = ""
+        return bodies, texts
+    if not {bool, int} <= kinds and kinds <= {str, bool, int}:
+        uniq = set(col)
+        if len(uniq) <= max(64, len(col) >> 3):      # few distinct values: look them up
+            cells = {v: _body(v) for v in uniq}
+            fields = {v: _csv_field(v) for v in uniq}
+            return list(map(cells.__getitem__, col)), list(map(fields.__getitem__, col))
+    if kinds == {str}:
+        return _str_column(col, has_none)
+    return list(map(_body, col)), list(map(_csv_field, col))
+
+
+def _str_column(col: list, has_none: bool) -> tuple[list, list]:
+    texts = [("" if v is None else v) for v in col] if has_none else col
+    big = "\x00".join(texts)
+    if big.count("\x00") != len(col) - 1:            # a cell holds NUL itself: cell by cell
+        return list(map(_body, col)), list(map(_csv_field, col))
+    plain_csv = "," not in big and '"' not in big and "\n" not in big and "\r" not in big
+    fields = texts if plain_csv else list(map(_csv_field, texts))
+    printable = "".join(texts).isprintable()     # then no control characters, no space but " "
+    if not printable:
+        big = _ILLEGAL_BUT_NUL.sub("", big)
+    if "&" in big or "<" in big or ">" in big:
+        big = big.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    esc = big.split("\x00")
+    if max(map(len, esc)) > 32000:
+        esc = [t if len(t) <= 32000 else t[:32000] + "..." for t in esc]
+    if printable:
+        edge = big[:1] == " " or big[-1:] == " " or " \x00" in big or "\x00 " in big
+    else:
+        edge = big[:1].isspace() or big[-1:].isspace() or _EDGE_SPACE.search(big)
+    if edge:
+        bodies = [(_STR_WS if t[:1].isspace() or t[-1:].isspace() else _STR) % t for t in esc]
+    else:
+        bodies = list(map(_STR.__mod__, esc))
+    if has_none:
+        for k, v in enumerate(col):
+            if v is None:
+                bodies[k] = _EMPTY
+    return bodies, fields
+
+
+def _csv_field(value) -> str:
+    """What csv.writer (minimal quoting) writes for one value."""
+    text = "" if value is None else str(value)
+    if "," in text or '"' in text or "\n" in text or "\r" in text:
+        return '"' + text.replace('"', '""') + '"'
+    return text
 
 
 def _styles() -> str:
@@ -124,10 +216,19 @@ def _styles() -> str:
             '</styleSheet>')
 
 
+def _prefixes(sheet: Sheet) -> list:
+    """Per column: row style -> the cell's opening "<c" with its style attribute."""
+    out = []
+    for h in sheet.header:
+        p = h in sheet.percent_columns
+        out.append({style: "<c" + (f' s="{fill * 2 + p}"' if fill * 2 + p else "")
+                    for style, fill in FILLS.items()})
+    return out
+
+
 def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet) -> None:
     ncol = len(sheet.header)
     letters = [_col_letter(i) for i in range(ncol)]
-    pct = [sheet.header[i] in sheet.percent_columns for i in range(ncol)]
     with zf.open(f"xl/worksheets/sheet{index}.xml", "w", force_zip64=True) as fh:
         parts = ['<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
                  '<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" '
@@ -145,28 +246,46 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet) -> None:
         parts.extend(_header_cell(f"{letters[c]}1", h) for c, h in enumerate(sheet.header))
         parts.append("</row>")
         fh.write("".join(parts).encode("utf-8"))
-        buf, r = [], 1
+        n = len(sheet.columns[0]) if sheet.columns else 0
+        prefixes = _prefixes(sheet)
         styles = sheet.row_styles
-        for k, values in enumerate(sheet.rows):
-            r += 1
-            fill = FILLS.get(styles[k]) if styles else 0
-            base = fill * 2
-            buf.append(f'<row r="{r}">' + "".join(
-                [_cell(v, base + p) for v, p in zip(values, pct)]) + "</row>")
-            if len(buf) > 2000:
-                fh.write("".join(buf).encode("utf-8"))
-                buf = []
-        buf.append("</sheetData>")
+        csv_fh = open(sheet.csv_path, "w", newline="", encoding="utf-8") if sheet.csv_path else None
+        try:
+            if csv_fh:
+                csv.writer(csv_fh).writerow(sheet.header)
+            for lo in range(0, n, _CHUNK_ROWS):
+                hi = min(n, lo + _CHUNK_ROWS)
+                enc = [encode_column(c[lo:hi]) for c in sheet.columns]
+                # one join over the cells in row order: "<row r=..>", prefix, body, ..., "</row>"
+                st = styles[lo:hi] if styles else [None] * (hi - lo)
+                seqs = [[f'<row r="{r}">' for r in range(lo + 2, hi + 2)]]
+                pre_cache = {}
+                for pre, (bodies, _) in zip(prefixes, enc):
+                    key = pre[None]
+                    if key not in pre_cache:
+                        pre_cache[key] = list(map(pre.__getitem__, st))
+                    seqs.append(pre_cache[key])
+                    seqs.append(bodies)
+                seqs.append(repeat("</row>", hi - lo))
+                fh.write("".join(chain.from_iterable(zip(*seqs))).encode("utf-8"))
+                if csv_fh:
+                    lines = map(",".join, zip(*[f for _, f in enc]))
+                    csv_fh.write("\r\n".join(lines) + "\r\n")
+        finally:
+            if csv_fh:
+                csv_fh.close()
+        tail = ["</sheetData>"]
         if sheet.autofilter and ncol:
-            buf.append(f'<autoFilter ref="A1:{letters[-1]}{max(r, 1)}"/>')
+            tail.append(f'<autoFilter ref="A1:{letters[-1]}{max(n + 1, 1)}"/>')
         if sheet.charts:
-            buf.append('<drawing r:id="rId1"/>')
-        buf.append("</worksheet>")
-        fh.write("".join(buf).encode("utf-8"))
+            tail.append('<drawing r:id="rId1"/>')
+        tail.append("</worksheet>")
+        fh.write("".join(tail).encode("utf-8"))
 
 
 def _header_cell(ref: str, text) -> str:
     return f'<c r="{ref}" s="{_XF_HEADER}" t="inlineStr"><is><t xml:space="preserve">{_esc(str(text))}</t></is></c>'
+
 
 
 _NS_C = "http://schemas.openxmlformats.org/drawingml/2006/chart"

@@ -1,0 +1,82 @@
+"""The column-at-a-time xlsx/CSV encoding gives what cell-by-cell encoding gives."""
+import csv
+import io
+import math
+
+import numpy as np
+import openpyxl
+
+from probe.compare.xlsx import Sheet, _body, encode_column, write_workbook
+
+INF = float("inf")
+COLUMNS = {
+    "floats": [1.5, -0.1, 1e-300, 123456789.123, 0.0, -0.0, 1 / 3] * 3,
+    "floats with gaps": [1.5, None, math.nan, INF, -INF, 2.25, None],
+    "all None": [None, None, None],
+    "names": ["Functional.linear.0.forward.input.0", "Tensor.__add__.3.backward.output.0", None],
+    "strings to escape": ["a & b", "<tag>", "x > y", "tab\there", "line\nbreak", "bell\x07",
+                         " lead", "trail ", "quote \" and, comma", "\r", ""],
+    "NUL inside": ["a\x00b", "plain"],
+    "long": ["x" * 40000, "short"],
+    "repeated": ["torch.float32", "torch.bfloat16", None] * 50,
+    "bools": [True, False, None] * 40,
+    "ints": [1, 2, 3, None],
+    "bools and ints": [True, 1, 0, False],
+    "mixed": ["unsupported", 0.5, None, INF, 3, True, np.float64(0.25), np.float32(2.0)],
+}
+
+
+def _csv_text(value) -> str:
+    buf = io.StringIO()
+    csv.writer(buf).writerow([value, "x"])
+    return buf.getvalue()[:-len(",x\r\n")]
+
+
+def test_columns_encode_as_cells_do():
+    for name, col in COLUMNS.items():
+        bodies, fields = encode_column(col)
+        assert bodies == [_body(v) for v in col], name
+        assert fields == [_csv_text(v) for v in col], name
+
+
+def _expected(v):
+    """What the cell reads back as (NaN and None are blank; infinities are text)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        text = "".join(c for c in v if c in "\t\n\r" or ord(c) >= 32)
+        text = text.replace("\r\n", "\n").replace("\r", "\n")      # XML reads CR as LF
+        return text if len(text) <= 32000 else text[:32000] + "..."
+    return v if isinstance(v, bool) else str(v)        # other objects are written as text
+
+
+def test_workbook_and_csv_round_trip(tmp_path):
+    header = list(COLUMNS)
+    n = max(map(len, COLUMNS.values()))
+    cols = [col + [None] * (n - len(col)) for col in COLUMNS.values()]
+    styles = [None, "error", "warning"] * (n // 3) + [None] * (n % 3)
+    xlsx, csv_path = str(tmp_path / "t.xlsx"), str(tmp_path / "t.csv")
+    write_workbook(xlsx, [Sheet("rows", header, cols, styles, percent_columns={"floats"},
+                                csv_path=csv_path)])
+    ws = openpyxl.load_workbook(xlsx)["rows"]
+    assert [c.value for c in ws[1]] == header
+    for r, row in enumerate(ws.iter_rows(min_row=2), start=0):
+        for c, cell in enumerate(row):
+            want = _expected(cols[c][r])
+            if isinstance(want, float):
+                assert cell.value == want or (want == 0 and cell.value == 0), (header[c], r)
+            else:
+                assert cell.value == want, (header[c], r, cell.value, want)
+            rgb = cell.fill.fgColor.rgb if cell.fill.fill_type == "solid" else None
+            assert rgb == {None: None, "error": "FFFFC7CE", "warning": "FFFFEB9C"}[styles[r]]
+            assert cell.number_format.endswith("%") == (header[c] == "floats")
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(header)
+    w.writerows(zip(*cols))
+    with open(csv_path, newline="", encoding="utf-8") as fh:
+        assert fh.read() == buf.getvalue()
