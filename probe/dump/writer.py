@@ -33,6 +33,13 @@ def _write_npy(path, arr):
         np.lib.format.write_array(f, arr, allow_pickle=False)
 
 
+def _one_key_per_line(obj):
+    """Readable JSON at C-encoder speed (``indent=`` switches json to its Python encoder)."""
+    if not obj:
+        return "{}"
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()) + "\n}\n"
+
+
 def _rewrite(handle, text):
     handle.seek(0)
     handle.write(text.encode())
@@ -87,8 +94,8 @@ class _StepFiles:
         self.dump.flush()
 
     def write_meta(self, stack_json, construct_json):
-        _rewrite(self.stack, json.dumps(stack_json, indent=1))
-        _rewrite(self.construct, json.dumps(construct_json, indent=1))
+        _rewrite(self.stack, _one_key_per_line(stack_json))
+        _rewrite(self.construct, _one_key_per_line(construct_json))
 
     def close(self):
         for f in (self.dump, self.stack, self.construct):
@@ -108,7 +115,9 @@ class DumpWriter:
     def __init__(self, task, level):
         self.header = {"task": task, "level": level, "framework": "pytorch", "dump_data_dir": None}
         self._queue = queue.SimpleQueue()
-        self._pending = []           # entries not yet handed to the thread
+        self._pending = []           # entries not yet written
+        self._direct = False         # entries written by the calling thread (see open_dir)
+        self._current = None         # the open step folder (set by the writer thread)
         self._last_flush = time.monotonic()
         self._bytes = 0
         self._bytes_cv = threading.Condition()
@@ -120,6 +129,10 @@ class DumpWriter:
     def open_dir(self, rank_dir, with_tensors):
         """Start a fresh step/rank folder, replacing what an earlier run left there."""
         self._flush_pending()
+        # Without tensor files, entries are written by the training thread at flush points:
+        # handing small writes to a thread costs more in GIL hand-offs than the writes.
+        # With tensor files they go through the queue, behind the files they name.
+        self._direct = not with_tensors
         self._queue.put(("open", rank_dir, with_tensors))
 
     def prepare_dir(self, rank_dir, with_tensors):
@@ -142,16 +155,29 @@ class DumpWriter:
 
     def write_meta(self, stack_json, construct_json):
         self._flush_pending()
-        self._queue.put(("meta", stack_json, construct_json))
+        if self._direct:
+            self._wait_queue()
+            self._write_here(lambda files: files.write_meta(stack_json, construct_json))
+        else:
+            self._queue.put(("meta", stack_json, construct_json))
 
     def sync(self):
-        """Block until everything queued is on disk."""
+        """Block until everything is on disk."""
         self._flush_pending()
+        self._wait_queue()
+
+    def _wait_queue(self):
         done = threading.Event()
         self._queue.put(("sync", done))
         while not done.wait(0.5):
             if not self._thread.is_alive():
                 break
+
+    def _write_here(self, write):
+        try:
+            write(self._current)
+        except Exception as exc:  # never into the training script
+            self._report(exc)
 
     def close(self):
         self.sync()
@@ -164,9 +190,20 @@ class DumpWriter:
 
     def _flush_pending(self):
         self._last_flush = time.monotonic()
-        if self._pending:
-            self._queue.put(("entries", self._pending))
-            self._pending = []
+        if not self._pending:
+            return
+        entries, self._pending = self._pending, []
+        if self._direct:
+            self._wait_queue()   # the folder is open
+            self._write_here(lambda files: files.append(entries))
+        else:
+            self._queue.put(("entries", entries))
+
+    def _report(self, exc):
+        if self._error is None:
+            self._error = exc
+            import logging
+            logging.getLogger("probe").error("probe: writing dump files failed: %s", exc)
 
     # ---- writer thread ---------------------------------------------------
     def _run(self):
@@ -194,6 +231,7 @@ class DumpWriter:
                     else:
                         current = _StepFiles(rank_dir, self.header, with_tensors)
                     current.activate(trash)
+                    self._current = current
                 elif kind == "prepare":
                     if prepared is not None:
                         prepared.close()
@@ -212,7 +250,4 @@ class DumpWriter:
                 while trash and self._queue.empty():  # idle: clear what earlier runs left
                     shutil.rmtree(trash.pop(), ignore_errors=True)
             except Exception as exc:  # never kill the thread: report once, keep going
-                if self._error is None:
-                    self._error = exc
-                    import logging
-                    logging.getLogger("probe").error("probe: writing dump files failed: %s", exc)
+                self._report(exc)
