@@ -15,7 +15,7 @@ import numpy as np
 
 from . import verdict as vd
 from .construct import load_modules
-from .match import Pair, pair_rows
+from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
 from .reader import DumpMeta, read_dump
 from .rows import Row, direction, flatten
@@ -109,10 +109,6 @@ def _explain_meta(npu: DumpMeta, bench: DumpMeta, notes: list):
                          f"only are listed unmatched")
     for meta in (npu, bench):
         notes.extend(meta.problems)
-
-
-def _fmt_shape(row: Row | None):
-    return "" if row is None or row.shape is None else str(list(row.shape))
 
 
 # ---------------------------------------------------------------- tensor loading
@@ -211,170 +207,170 @@ def compare_dumps(npu_json: str, bench_json: str, stack_json: str | None = None,
                      "(see the Match column) instead of by name")
     n = len(pairs)
     cols = {c: [None] * n for c in columns_for(mode, stack_mode)}
-    verdicts = [vd.Verdict() for _ in range(n)]
-    tol_names: list = [None] * n
+    verdicts: dict[int, vd.Verdict] = {}      # only rows with something to say
 
-    # --- descriptive columns and the per-row tolerance class (running coarsest dtype)
-    running = None
-    for i, p in enumerate(pairs):
-        a, b = p.npu, p.bench
-        cols["NPU Name"][i] = a.name if a else None
-        cols["Bench Name"][i] = b.name if b else None
-        cols["NPU Dtype"][i] = a.dtype if a else None
-        cols["Bench Dtype"][i] = b.dtype if b else None
-        cols["NPU Tensor Shape"][i] = _fmt_shape(a) if a and a.kind != "none" else None
-        cols["Bench Tensor Shape"][i] = _fmt_shape(b) if b and b.kind != "none" else None
-        cols["NPU Requires_grad"][i] = a.requires_grad if a else None
-        cols["Bench Requires_grad"][i] = b.requires_grad if b else None
-        cols["Direction"][i] = direction((a or b).entry)
-        cols["Match"][i] = p.align
-        if a and a.kind == "tensor":
-            running = vd.coarser(running, vd.dtype_class(a.dtype))
-        if b and b.kind == "tensor":
-            running = vd.coarser(running, vd.dtype_class(b.dtype))
-        tol_names[i] = running
-        if a and b:
-            rg = a.requires_grad == b.requires_grad
-            cols["Requires_grad Consistent"][i] = rg
-            if not rg:
-                verdicts[i].add("warning", f"requires_grad differs: NPU {a.requires_grad}, "
-                                           f"bench {b.requires_grad}")
-        if mode == "tensor":
-            names = [r.data_name if r and r.data_name else "-1" for r in (a, b)]
-            cols["Data_name"][i] = str(names)
+    def verdict(i: int) -> vd.Verdict:
+        v = verdicts.get(i)
+        if v is None:
+            v = verdicts[i] = vd.Verdict()
+        return v
+
+    # --- descriptive columns, a column at a time
+    A = [p.npu for p in pairs]
+    B = [p.bench for p in pairs]
+    shape_text = _Memo(lambda s: str(list(s)))
+    for side, rows in (("NPU", A), ("Bench", B)):
+        cols[f"{side} Name"] = [r.name if r is not None else None for r in rows]
+        cols[f"{side} Dtype"] = [r.dtype if r is not None else None for r in rows]
+        cols[f"{side} Tensor Shape"] = [None if r is None or r.kind == "none" else
+                                         shape_text[r.shape] for r in rows]
+        cols[f"{side} Requires_grad"] = [r.requires_grad if r is not None else None for r in rows]
+    cols["Direction"] = list(map(_Memo(direction).__getitem__,
+                                 [(a or b).entry for a, b in zip(A, B)]))
+    cols["Match"] = [p.align for p in pairs]
+    tol_names = _running_tolerance(A, B)
+    both = [a is not None and b is not None for a, b in zip(A, B)]
+    rg_n, rg_b = cols["NPU Requires_grad"], cols["Bench Requires_grad"]
+    consistent = [x == y if ok else None for x, y, ok in zip(rg_n, rg_b, both)]
+    cols["Requires_grad Consistent"] = consistent
+    for i, c in enumerate(consistent):
+        if c is False:
+            verdict(i).add("warning", f"requires_grad differs: NPU {rg_n[i]}, bench {rg_b[i]}")
+    if mode == "tensor":
+        cols["Data_name"] = [str([r.data_name if r and r.data_name else "-1" for r in ab])
+                             for ab in zip(A, B)]
 
     # --- statistics columns (all modes carry them except md5's own columns)
-    stat_idx = [i for i, p in enumerate(pairs) if p.npu and p.bench
-                and p.npu.kind != "none" and p.bench.kind != "none"]
-    npu_st = np.array([pairs[i].npu.stats for i in stat_idx], dtype=np.float64).reshape(-1, 4)
-    bench_st = np.array([pairs[i].bench.stats for i in stat_idx], dtype=np.float64).reshape(-1, 4)
+    stat_idx = [i for i, (a, b, ok) in enumerate(zip(A, B, both))
+                if ok and a.kind != "none" and b.kind != "none"]
+    npu_st = np.array([A[i].stats for i in stat_idx], dtype=np.float64).reshape(-1, 4)
+    bench_st = np.array([B[i].stats for i in stat_idx], dtype=np.float64).reshape(-1, 4)
     if mode != "md5":
-        for i, p in enumerate(pairs):
-            for side, row in (("NPU", p.npu), ("Bench", p.bench)):
-                if row is not None and row.kind != "none":
-                    for k, c in enumerate(("max", "min", "mean", "l2norm")):
-                        cols[f"{side} {c}"][i] = row.stats[k]
+        for side, rows in (("NPU", A), ("Bench", B)):
+            stats = [r.stats if r is not None and r.kind != "none" else _NO_STATS for r in rows]
+            for k, c in enumerate(("max", "min", "mean", "l2norm")):
+                cols[f"{side} {c}"] = [s[k] for s in stats]
     if mode == "statistics":
         diff, rel = stat_diffs(npu_st, bench_st)
         for k, (dc, rc) in enumerate(zip(STAT_DIFFS[:4], STAT_DIFFS[4:])):
-            dcol, rcol = cols[dc], cols[rc]
-            for j, i in enumerate(stat_idx):
-                dcol[i] = float(diff[j, k])
-                rcol[i] = float(rel[j, k])
+            cols[dc] = _scatter(n, stat_idx, diff[:, k].tolist())
+            cols[rc] = _scatter(n, stat_idx, rel[:, k].tolist())
 
     # --- per-row judgement
     tensor_jobs = []
     stat_rows = []            # indices (into stat_idx) judged by statistics
+    tol_dtype = cols["Tolerance Dtype"]
+    can_compare = _Memo(lambda dts: vd.comparable(*dts))
     for j, i in enumerate(stat_idx):
-        p = pairs[i]
-        a, b, v = p.npu, p.bench, verdicts[i]
+        a, b = A[i], B[i]
         if a.kind != b.kind:
-            v.add("error", f"NPU is a {a.kind}, bench is a {b.kind}")
+            verdict(i).add("error", f"NPU is a {a.kind}, bench is a {b.kind}")
             continue
         if a.kind == "value":
             if a.value != b.value and not (_isnan(a.value) and _isnan(b.value)):
-                v.add("error", f"argument differs: NPU {a.value!r}, bench {b.value!r}")
+                verdict(i).add("error", f"argument differs: NPU {a.value!r}, bench {b.value!r}")
             if mode == "tensor":
                 for c in TENSOR_METRICS:
                     cols[c][i] = "unsupported"
             continue
-        if not vd.comparable(a.dtype, b.dtype):
-            v.add("error", f"dtypes not comparable: NPU {a.dtype}, bench {b.dtype}")
+        if not can_compare[a.dtype, b.dtype]:
+            verdict(i).add("error", f"dtypes not comparable: NPU {a.dtype}, bench {b.dtype}")
             continue
         if a.shape != b.shape:
-            v.add("error", f"shape differs: NPU {list(a.shape)}, bench {list(b.shape)}")
+            verdict(i).add("error", f"shape differs: NPU {list(a.shape)}, bench {list(b.shape)}")
             continue
         exact = vd.dtype_class(a.dtype) == "exact"
         tol = vd.TOLERANCES.get(tol_names[i]) or vd.TOLERANCES["float32"]
-        cols["Tolerance Dtype"][i] = "exact" if exact else tol.name
+        tol_dtype[i] = "exact" if exact else tol.name
         if mode == "md5":
             cols["NPU MD5"][i], cols["BENCH MD5"][i] = a.md5, b.md5
             if a.md5 == b.md5:
                 continue
             if a.dtype == b.dtype and tol_names[i] == vd.dtype_class(a.dtype):
-                v.add("error", f"CRC32 differs ({a.md5} vs {b.md5}) with the same dtype")
+                verdict(i).add("error", f"CRC32 differs ({a.md5} vs {b.md5}) with the same dtype")
                 continue
             why = (f"across dtypes ({a.dtype} vs {b.dtype})" if a.dtype != b.dtype
                    else f"downstream of {tol_names[i]} computation")
-            v.add("pass", f"CRC32 differs, as it must {why}; judged by the statistics "
-                          f"the md5 dump also holds")
+            verdict(i).add("pass", f"CRC32 differs, as it must {why}; judged by the statistics "
+                                   f"the md5 dump also holds")
             stat_rows.append(j)
         elif mode == "tensor":
             if not a.data_name or not b.data_name:
                 side = "NPU" if not a.data_name else "bench"
-                v.add("warning", f"{side} has no tensor file for this row (data_name missing)")
+                verdict(i).add("warning", f"{side} has no tensor file for this row (data_name missing)")
                 continue
             try:
                 pa = resolve(npu.data_dir, a.data_name)
                 pb = resolve(bench.data_dir, b.data_name)
             except ValueError as exc:
-                v.add("error", str(exc))
+                verdict(i).add("error", str(exc))
                 continue
             tensor_jobs.append((i, pa, pb, tol.rtol, tol.floor, exact))
         else:
             stat_rows.append(j)
 
-    # statistics judgement, vectorised
+    # statistics judgement, vectorised; rows with NaN/Inf or exact dtypes one by one
     if stat_rows:
         sel = np.array(stat_rows, dtype=np.int64)
         rows_i = [stat_idx[j] for j in stat_rows]
         tols = [vd.TOLERANCES.get(tol_names[i]) or vd.TOLERANCES["float32"] for i in rows_i]
-        numel = np.array([pairs[i].bench.numel for i in rows_i], dtype=np.float64)
+        numel = np.array([B[i].numel for i in rows_i], dtype=np.float64)
         rtol = np.array([t.rtol for t in tols])
         floor = np.array([t.floor for t in tols])
         ns, bs = npu_st[sel], bench_st[sel]
         ratio = stat_tolerance_ratio(ns, bs, numel, rtol, floor)
         finite_n, finite_b = np.isfinite(ns), np.isfinite(bs)
-        all_finite = (finite_n.all(axis=1) & finite_b.all(axis=1)).tolist()
+        exact = np.array([tol_dtype[i] == "exact" for i in rows_i], dtype=bool)
+        common = finite_n.all(axis=1) & finite_b.all(axis=1) & ~exact     # kept cheap
         ratios = ratio.tolist()
-        for k, i in enumerate(rows_i):
-            v = verdicts[i]
-            exact = vd.dtype_class(pairs[i].npu.dtype) == "exact"
-            r = ratios[k]
-            if all_finite[k] and not exact:          # the common case, kept cheap
-                cols["Err/Tolerance"][i] = r
-                if r > 1.0:
-                    vd.judge_ratio(v, r, tols[k], "statistics off by")
-                continue
+        err_tol = cols["Err/Tolerance"]
+        for k in np.flatnonzero(common).tolist():
+            err_tol[rows_i[k]] = ratios[k]
+        for k in np.flatnonzero(common & (ratio > 1.0)).tolist():
+            vd.judge_ratio(verdict(rows_i[k]), ratios[k], tols[k], "statistics off by")
+        for k in np.flatnonzero(~common).tolist():
+            i, r = rows_i[k], ratios[k]
             missing = np.isnan(ns[k]) & np.isnan(bs[k])      # not dumped (e.g. ints' Mean)
             bad_n, bad_b = ~finite_n[k] & ~missing, ~finite_b[k] & ~missing
             if bad_n.any() or bad_b.any():
                 if (bad_n == bad_b).all() and np.array_equal(ns[k][bad_n], bs[k][bad_b], equal_nan=True):
-                    v.add("warning", "NaN/Inf in the statistics of both sides (overflow on both)")
+                    verdict(i).add("warning", "NaN/Inf in the statistics of both sides (overflow on both)")
                 else:
-                    v.add("error", f"NaN/Inf differ: NPU {_fmt_stats(ns[k])}, bench {_fmt_stats(bs[k])}")
+                    verdict(i).add("error", f"NaN/Inf differ: NPU {_fmt_stats(ns[k])}, "
+                                            f"bench {_fmt_stats(bs[k])}")
                 continue
-            if exact and r > 0:
-                v.add("error", "integer/bool statistics differ (exact dtype)")
+            if exact[k] and r > 0:
+                verdict(i).add("error", "integer/bool statistics differ (exact dtype)")
                 r = math.inf
-            cols["Err/Tolerance"][i] = r
-            if not exact:
-                vd.judge_ratio(v, r, tols[k], "statistics off by")
+            err_tol[i] = r
+            if not exact[k]:
+                vd.judge_ratio(verdict(i), r, tols[k], "statistics off by")
 
     # tensor metrics, lazily loaded
     if tensor_jobs:
         results = _run_jobs(tensor_jobs, workers, progress)
         for i, *_rest in tensor_jobs:
             res = results.get(i)
-            v = verdicts[i]
             if isinstance(res, str):
-                v.add("warning" if "missing" in res else "error", res)
+                verdict(i).add("warning" if "missing" in res else "error", res)
                 continue
-            _tensor_row(cols, i, res, v, tol_names[i], _rest[-1])
+            _tensor_row(cols, i, res, verdict(i), tol_names[i], _rest[-1])
 
     # --- one-sided rows and None rows
-    for i, p in enumerate(pairs):
-        a, b, v = p.npu, p.bench, verdicts[i]
+    for i, (a, b) in enumerate(zip(A, B)):
         if a is None:
-            v.add("warning", "no NPU row matched this bench row")
+            verdict(i).add("warning", "no NPU row matched this bench row")
         elif b is None:
-            v.add("warning", "no bench row matched this NPU row")
-        elif a.kind == "none" and b.kind != "none":
-            v.add("error", f"NPU is None, bench is a {b.kind}")
-        elif b.kind == "none" and a.kind != "none":
-            v.add("error", f"bench is None, NPU is a {a.kind}")
-    cols["Result"] = [v.level for v in verdicts]
-    cols["Err_message"] = [v.text() for v in verdicts]
+            verdict(i).add("warning", "no bench row matched this NPU row")
+        elif a.kind == "none":
+            if b.kind != "none":
+                verdict(i).add("error", f"NPU is None, bench is a {b.kind}")
+        elif b.kind == "none":
+            verdict(i).add("error", f"bench is None, NPU is a {a.kind}")
+    result, message = ["pass"] * n, [""] * n
+    for i, v in verdicts.items():
+        result[i], message[i] = v.level, v.text()
+    cols["Result"], cols["Err_message"] = result, message
     if stack_mode:
         stacks = load_stacks(stack_json) if stack_json else {}
         col, seen = cols["NPU_Stack_Info"], set()
@@ -383,6 +379,44 @@ def compare_dumps(npu_json: str, bench_json: str, stack_json: str | None = None,
                 seen.add(p.npu.entry)
                 col[i] = stacks.get(p.npu.entry)
     return CompareResult(mode, cols, notes, npu, bench, stack_mode, stack_json, pairs, matching)
+
+
+class _Memo(dict):
+    """``memo[key]`` is ``fn(key)``, computed once per distinct key."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def __missing__(self, key):
+        value = self[key] = self.fn(key)
+        return value
+
+
+_NO_STATS = (None, None, None, None)
+
+
+def _scatter(n: int, idx: list, values: list) -> list:
+    """A column of ``n`` cells holding ``values`` at rows ``idx``, None elsewhere."""
+    if len(idx) == n:
+        return values
+    col = [None] * n
+    for i, v in zip(idx, values):
+        col[i] = v
+    return col
+
+
+def _running_tolerance(A: list, B: list) -> list:
+    """Per row, the coarsest float class of its tensors and of all tensors before it."""
+    rank_of = _Memo(lambda dt: vd.RANK.get(vd.dtype_class(dt), len(vd.RANK)))
+    none = len(vd.RANK)
+    ra = [rank_of[r.dtype] if r is not None and r.kind == "tensor" else none for r in A]
+    rb = [rank_of[r.dtype] if r is not None and r.kind == "tensor" else none for r in B]
+    if not ra:
+        return []
+    run = np.minimum.accumulate(np.minimum(np.array(ra), np.array(rb)))
+    names = [k for k, _ in sorted(vd.RANK.items(), key=lambda kv: kv[1])] + [None]
+    return [names[k] for k in run.tolist()]
 
 
 def _isnan(x) -> bool:

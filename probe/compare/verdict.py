@@ -38,7 +38,7 @@ ERROR_FACTOR = 10.0     # beyond 10x the tolerance is an error, between 1x and 1
 # gradient at 0, argmax, masks) and its input moved by one rounding; an error needs more
 # than GROSS_FRACTION of the elements beyond ERROR_FACTOR x tolerance (or a low cosine).
 GROSS_FRACTION = 0.01
-_RANK = {"bfloat16": 0, "float16": 1, "float32": 2, "float64": 3}
+RANK = {"bfloat16": 0, "float16": 1, "float32": 2, "float64": 3}     # coarsest first
 _FLOAT_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "half": "float16",
                   "fp16": "float16", "float32": "float32", "float": "float32", "fp32": "float32",
                   "float64": "float64", "double": "float64", "fp64": "float64"}
@@ -58,20 +58,10 @@ def dtype_class(dtype: str | None) -> str | None:
     return None
 
 
-def coarser(a: str | None, b: str | None) -> str | None:
-    """The less precise of two float classes (None/exact ignored)."""
-    ra, rb = _RANK.get(a), _RANK.get(b)
-    if ra is None:
-        return b if rb is not None else None
-    if rb is None:
-        return a
-    return a if ra <= rb else b
-
-
 def comparable(npu_dtype: str | None, bench_dtype: str | None) -> bool:
     """fp16/bf16/fp32/fp64 compare with each other; ints/bools only with ints/bools."""
     ca, cb = dtype_class(npu_dtype), dtype_class(bench_dtype)
-    if ca in _RANK and cb in _RANK:
+    if ca in RANK and cb in RANK:
         return True
     if ca == "exact" and cb == "exact":
         return (npu_dtype.endswith("bool")) == (bench_dtype.endswith("bool"))
