@@ -249,3 +249,25 @@ def test_deferred_gradient_fetch_gives_the_same_entries(make_debugger, dump_dir,
     assert backward and list(plain) == list(deferred)
     for name in backward:
         assert deferred[name] == plain[name], name
+
+
+def test_async_dump_fetches_at_flush_and_gives_the_same_entries(make_debugger, dump_dir, monkeypatch):
+    """async_dump on an accelerator: numbers fetched at dump.json flushes, not per call
+    (forced on the CPU here); the entries must equal a normal dump's."""
+    from probe.dump.stats import SummaryCache
+
+    def dumped(path, **kwargs):
+        model, x, y = MAKERS["gpt"]()
+        dbg = make_debugger(dump_path=path, **kwargs)
+        dbg.start()
+        train_step(model, torch.optim.SGD(model.parameters(), lr=0.01), x, y)
+        dbg.stop()
+        dbg.step()
+        return load_dump(path)
+
+    plain = dumped(dump_dir + "/plain")
+    monkeypatch.setattr(SummaryCache, "defer_on_cpu", True)
+    deferred = dumped(dump_dir + "/async", async_dump=True)
+    assert list(plain) == list(deferred)
+    for name in plain:
+        assert deferred[name] == plain[name], name

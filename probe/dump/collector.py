@@ -93,12 +93,17 @@ def _base(entry_name):
 
 
 class _Summaries:
-    """Tensor summary dicts of one call, filled in with a single host fetch."""
+    """Tensor summary dicts of one call, filled in with a single host fetch.
+
+    With ``async_dump`` (``cache.deferred`` is a list) the fetch of accelerator tensors'
+    reductions waits for the next flush of dump.json, where every pending call is
+    fetched in one transfer: no host sync per call at all.
+    """
     __slots__ = ("cache", "todo")
 
     def __init__(self, cache):
         self.cache = cache
-        self.todo = []  # (summary dict, tensor, reductions)
+        self.todo = []  # (summary dict, tensor or None, reductions)
 
     def add(self, t, summary):
         hit = self.cache.lookup(t)
@@ -110,11 +115,25 @@ class _Summaries:
     def resolve(self):
         if not self.todo:
             return
+        deferred = self.cache.deferred
+        if deferred is not None and (self.cache.defer_on_cpu or not _all_on_cpu(self.todo)):
+            # keep the small reduction results, not the tensors themselves
+            deferred.extend((summary, None, r) for summary, _, r in self.todo)
+            self.todo = []
+            return
         values = stats.fetch([r for _, _, r in self.todo])
         for (summary, t, _), v in zip(self.todo, values):
             summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = v
-            self.cache.store(t, v)
+            if t is not None:
+                self.cache.store(t, v)
         self.todo = []
+
+
+def _all_on_cpu(todo):
+    for _, _, r in todo:
+        if r is not None and any(type(x) is not float and x.device.type != "cpu" for x in r[2]):
+            return False
+    return True
 
 
 class ApiCollector:
@@ -132,6 +151,9 @@ class ApiCollector:
         self.save_tensors = config.task == "tensor"
         self.stacks = StackTable()
         self.cache = stats.SummaryCache()
+        if config.async_dump:
+            self.cache.deferred = []
+            writer.before_flush = self._fetch_deferred
         self.counters = {}
         self._failed = set()
         # mix: a Construct shared with the module hooks; None at L1 (construct.json {}).
@@ -164,6 +186,15 @@ class ApiCollector:
             except Exception as exc:
                 self._fail(name, exc)
         return out
+
+    def _fetch_deferred(self):
+        """async_dump: fill every summary waiting for its numbers, in one host transfer."""
+        pending, self.cache.deferred[:] = list(self.cache.deferred), []
+        if pending:
+            with guard(), _no_function_mode():
+                values = stats.fetch([r for _, _, r in pending])
+            for (summary, _, _), v in zip(pending, values):
+                summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = v
 
     def _fail(self, name, exc):
         if name not in self._failed:

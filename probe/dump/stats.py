@@ -111,6 +111,9 @@ class SummaryCache:
     Cleared at each step, so memory stays flat; a weakref proves the id was not reused.
     """
 
+    deferred = None        # async_dump: a list of summaries whose numbers are fetched at flush
+    defer_on_cpu = False   # tests: take the accelerator's deferred path on the CPU too
+
     def __init__(self):
         self._entries = {}
 

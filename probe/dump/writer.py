@@ -117,6 +117,7 @@ class DumpWriter:
         self._queue = queue.SimpleQueue()
         self._pending = []           # entries not yet written
         self._direct = False         # entries written by the calling thread (see open_dir)
+        self.before_flush = None     # called before entries are encoded (async_dump)
         self._current = None         # the open step folder (set by the writer thread)
         self._last_flush = time.monotonic()
         self._bytes = 0
@@ -192,6 +193,11 @@ class DumpWriter:
         self._last_flush = time.monotonic()
         if not self._pending:
             return
+        if self.before_flush is not None:
+            try:
+                self.before_flush()   # async_dump: the entries' numbers arrive here
+            except Exception as exc:
+                self._report(exc)
         entries, self._pending = self._pending, []
         if self._direct:
             self._wait_queue()   # the folder is open
