@@ -27,6 +27,8 @@ class _NoCache:
     """For outputs of mutating kernels: below autograd the version counter is bumped only
     after the kernel returns, so a (tensor, version) cache would hand back the input's
     summary taken before the kernel ran."""
+    deferred = None
+    defer_on_cpu = False
 
     def lookup(self, t):
         return None
