@@ -219,7 +219,7 @@ class ApiCollector:
         if flt.forward:
             self.stacks.capture(fwd, getattr(func, "__code__", None))
         if flt.backward and torch.is_grad_enabled():
-            inputs = _flat_tensors(args, kwargs)
+            inputs = grad_capture.input_slots(args, kwargs)
             if any(t is not None and t.requires_grad for t in inputs):
                 call["grad"] = (grad_capture.edges_before(inputs), len(inputs))
         return call
@@ -241,7 +241,7 @@ class ApiCollector:
                 self.construct.tree[base + ".forward"] = parent and parent[0]
         if call["grad"] is not None:
             before, n_inputs = call["grad"]
-            outputs = _flat_outputs(out)
+            outputs = grad_capture.output_slots(out)
             grad_capture.hook_call(before, outputs, n_inputs, self._grad_seen,
                                    self._backward_done_fn(base, parent))
 
@@ -330,25 +330,3 @@ class ApiCollector:
             self.writer.add_tensor(name, array)
             summary["data_name"] = name
         return summary
-
-
-def _flat_tensors(args, kwargs):
-    """Positional args then kwargs, one slot each; a list/tuple argument yields its tensors."""
-    out = []
-    for a in args:
-        if isinstance(a, (list, tuple)):
-            out.extend(x if isinstance(x, torch.Tensor) else None for x in a)
-        else:
-            out.append(a if isinstance(a, torch.Tensor) else None)
-    for v in kwargs.values():
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-    return out
-
-
-def _flat_outputs(out):
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [o if isinstance(o, torch.Tensor) else None for o in out]
-    return []

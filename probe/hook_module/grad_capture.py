@@ -91,6 +91,30 @@ class PendingGrads:
             self.on_done(self.out_grads, in_grads)
 
 
+def input_slots(args, kwargs):
+    """The inputs of a call as backward entries number them: positional arguments then
+    keyword tensors, a list/tuple argument giving one slot per element (None: no tensor)."""
+    out = []
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            out.extend(x if isinstance(x, torch.Tensor) else None for x in a)
+        else:
+            out.append(a if isinstance(a, torch.Tensor) else None)
+    for v in kwargs.values():
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+    return out
+
+
+def output_slots(out):
+    """One slot per top-level output (None: not a tensor)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [o if isinstance(o, torch.Tensor) else None for o in out]
+    return []
+
+
 def _split_shared(links):
     """One tensor passed as several arguments (``x * x``) reaches a node through as many
     edges; give each argument its own edge, in order, when the counts agree."""

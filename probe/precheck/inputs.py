@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from probe.compare import tensors as tensor_files
+from probe.hook_module import grad_capture
 
 _DTYPES = {str(d): d for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16,
                                torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
@@ -157,19 +158,8 @@ def map_tensors(value, fn):
     return value
 
 
-def flat_tensors(args, kwargs):
-    """One slot per argument as the dump numbers backward outputs: positional then kwargs,
-    a list argument contributing one slot per element (None for non-tensors)."""
-    out = []
-    for a in args:
-        if isinstance(a, (list, tuple)):
-            out.extend(x if isinstance(x, torch.Tensor) else None for x in a)
-        else:
-            out.append(a if isinstance(a, torch.Tensor) else None)
-    for v in kwargs.values():
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-    return out
+# One slot per argument, as the dump numbers backward outputs.
+flat_tensors = grad_capture.input_slots
 
 
 def flat_outputs(value):

@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from probe.dump.collector import ApiCollector, _flat_outputs, _flat_tensors
+from probe.dump.collector import ApiCollector
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import guard
 
@@ -76,7 +76,7 @@ class OverflowCollector(ApiCollector):
             return func(*args, **kwargs)
         flt = self.filter
         try:
-            inputs = _flat_tensors(args, kwargs)
+            inputs = grad_capture.input_slots(args, kwargs)
             dirty_in = _nonfinite(inputs)
             before = (_snapshot(args), _snapshot(kwargs)) if flt.forward and not dirty_in and _inplace(name) \
                 else None
@@ -88,7 +88,7 @@ class OverflowCollector(ApiCollector):
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
         try:
-            outputs = _flat_outputs(out)
+            outputs = grad_capture.output_slots(out)
             if flt.forward and not dirty_in and _nonfinite(outputs):
                 a, k = before if before is not None else (args, kwargs)
                 self._record_forward(base, func, a, k, out)

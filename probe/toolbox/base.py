@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import Interceptor, guard
 from probe.hook_module.registry import load_registry, resolve
 from probe.toolbox import options
@@ -218,13 +219,7 @@ def flat_tensors(value, out=None):
     return out
 
 
-def flat_outputs(out):
-    """Outputs as grad_capture wants them: one slot per top-level output."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [o if isinstance(o, torch.Tensor) else None for o in out]
-    return []
+flat_outputs = grad_capture.output_slots   # outputs as grad_capture numbers them
 
 
 _DEVICE_TYPES = {"cuda", "npu", "xpu", "mps", "meta", "hpu", "privateuseone"}
