@@ -31,7 +31,16 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-MSREF_PYTHON = "/opt/msref/bin/python"
+def _msprobe_python():
+    """An interpreter that has msprobe: $MSPROBE_PYTHON, the /opt/msref venv, or this one."""
+    import importlib.util
+    for candidate in (os.environ.get("MSPROBE_PYTHON"), "/opt/msref/bin/python"):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return sys.executable if importlib.util.find_spec("msprobe") is not None else None
+
+
+MSREF_PYTHON = _msprobe_python()
 LEVELS = ("L1",)  # add "L0", "mix" here once probe dumps them: rows are (model, level, task, disk)
 
 
@@ -164,7 +173,7 @@ def probe_row(model_name, level, task, root, warmup, steps):
 
 def msprobe_row(model_name, level, task, root, warmup, steps):
     """Run the same measurement under msprobe in its own venv; None when unavailable or failed."""
-    if not os.path.exists(MSREF_PYTHON):
+    if MSREF_PYTHON is None:
         return None
     dump_path = tempfile.mkdtemp(prefix="msprobe_bench_", dir=root)
     try:
