@@ -81,6 +81,29 @@ def test_operators_and_methods_keep_msprobe_names(dump_once):
     assert data["Tensor.__getitem__.0.forward"]["input_args"][1] == {"type": "int", "value": 0}
 
 
+def test_python_level_and_aliased_dunders_keep_their_names(dump_once):
+    """Some dunders are seen by the function mode as themselves (no patch needed), others
+    share an implementation (2 / a is __rtruediv__, an alias of __rdiv__; abs(a) is
+    Tensor.abs): each must still get its own msprobe name."""
+    a = torch.randn(3, 3)
+
+    def run():
+        1 - a
+        a // 2
+        2 ** a
+        2 / a
+        abs(a)
+        a.abs()
+        b = a.clone()
+        b[0] = 1.0
+
+    data, _ = dump_once(run)
+    assert list(data) == [
+        "Tensor.__rsub__.0.forward", "Tensor.__floordiv__.0.forward", "Tensor.__rpow__.0.forward",
+        "Tensor.__rtruediv__.0.forward", "Tensor.__abs__.0.forward", "Tensor.abs.0.forward",
+        "Tensor.clone.0.forward", "Tensor.__setitem__.0.forward"]
+
+
 def test_alias_imported_before_start_is_seen_and_identity_holds(dump_once):
     act = F.gelu
     x = torch.randn(4)

@@ -11,6 +11,7 @@ objects the interceptor meets at call time, once, at ``start()``:
 Deleting a line from the YAML stops that API being dumped and changes nothing else.
 """
 import os
+import types
 from dataclasses import dataclass, field
 
 import yaml
@@ -110,6 +111,14 @@ def _lookup(owner, name):
     return obj
 
 
+def _seen_as_itself(obj, name):
+    """A dunder a function mode reports as itself needs no patch: Python-level ones
+    (``__rsub__``, which dispatch on their own function) and slot wrappers
+    (``__getitem__``). C methods such as ``__add__`` report their implementation, ``add``."""
+    return (isinstance(obj, types.FunctionType) and obj.__name__ == name) or \
+        type(obj).__name__ == "wrapper_descriptor"
+
+
 def resolve(registry):
     """Map registry names to the objects met at call time; unknown names go to ``absent``."""
     out = ResolvedRegistry()
@@ -127,7 +136,8 @@ def resolve(registry):
                 out.absent.append(f"{section}.{name}")
                 continue
             full = f"{prefix}.{name}"
-            if section == "tensor" and name.startswith("__") and name.endswith("__"):
+            if section == "tensor" and name.startswith("__") and name.endswith("__") \
+                    and not _seen_as_itself(obj, name):
                 # Operators reach a function mode as the method they implement
                 # (a + b arrives as Tensor.add), so dunders are patched to keep their names.
                 out.dunders[name] = full
