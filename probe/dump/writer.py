@@ -12,6 +12,7 @@ microseconds each), so the next step's folder is made ahead, under a hidden stag
 name, while the current step trains; opening a step is then one rename. A folder left
 by an earlier run is renamed aside and deleted in the background.
 """
+import io
 import json
 import os
 import queue
@@ -28,9 +29,24 @@ _FLUSH_SECONDS = 1.0
 _MAX_PENDING_BYTES = 512 << 20
 
 
+_npy_headers = {}  # (dtype, shape) -> .npy header bytes
+
+
 def _write_npy(path, arr):
+    """np.save's format with the header built once per (dtype, shape): formatting it is
+    most of np.save's Python cost for the small tensors a model has by the hundred."""
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")   # (np.ascontiguousarray would turn a 0-d array into 1-d)
+    key = (arr.dtype.str, arr.shape)
+    header = _npy_headers.get(key)
+    if header is None:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            buf, {"descr": np.lib.format.dtype_to_descr(arr.dtype), "fortran_order": False, "shape": arr.shape})
+        header = _npy_headers[key] = buf.getvalue()
     with open(path, "wb") as f:
-        np.lib.format.write_array(f, arr, allow_pickle=False)
+        f.write(header)
+        f.write(arr.data)
 
 
 def _one_key_per_line(obj):
