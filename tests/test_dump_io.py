@@ -157,3 +157,17 @@ def test_rerun_into_same_path_replaces_that_step(make_debugger, dump_dir):
                  if n.startswith(".")]
     assert leftovers == []
     assert sorted(os.listdir(dump_dir)) == ["step0", "step1"]
+
+
+@pytest.mark.parametrize("array", [
+    np.random.rand(3, 4).astype(np.float32), np.arange(6).reshape(2, 3).T, np.array(3.5),
+    np.zeros((0, 3)), np.array([True, False]), np.arange(12).reshape(3, 4)[:, ::2].astype(np.float16)],
+    ids=["f32", "transposed-int", "0d", "empty", "bool", "strided-f16"])
+def test_tensor_file_writer_round_trips(tmp_path, array):
+    """The writer's .npy files (header cached per dtype/shape) load back exactly with numpy."""
+    from probe.dump.writer import _write_npy
+    path = str(tmp_path / "t.npy")
+    _write_npy(path, array)
+    _write_npy(path, array)   # second time through the cached header
+    back = np.load(path, allow_pickle=False)
+    assert back.dtype == array.dtype and back.shape == array.shape and np.array_equal(back, array)
