@@ -225,6 +225,9 @@ def test_xlsx_fills_types_and_summary(tmp_path):
     assert os.path.basename(xlsx).startswith("compare_result_") and xlsx.endswith(".xlsx")
     assert os.path.isfile(csv)
     assert os.path.basename(summary_path).startswith("compare_summary_") and summary_path.endswith(".json")
+    latest = out / "compare_summary.json"          # the latest run's, under a fixed name
+    assert latest.read_bytes() == open(summary_path, "rb").read()
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
     wb = openpyxl.load_workbook(xlsx)
     assert wb.sheetnames == ["compare_result", "Summary", "Diagnosis"]
     ws = wb["compare_result"]
@@ -263,6 +266,7 @@ def test_distributed_and_cli(tmp_path, capsys):
     paths = compare_distributed(str(tmp_path / "npu"), str(tmp_path / "bench"), str(tmp_path / "o"),
                                 processes=2)
     names = sorted(os.path.basename(p) for p in paths)
+    assert os.path.isfile(tmp_path / "o" / "compare_summary.json")     # not among the returned paths
     assert len(names) == 6 and names[0].startswith("compare_result_step0_rank0_")
     assert sum(n.startswith("compare_summary_step0_rank1_") for n in names) == 1
     parser = argparse.ArgumentParser()

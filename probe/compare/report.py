@@ -1,8 +1,10 @@
 """Write a CompareResult: the xlsx (rows, Summary with the diagnosis and its chart, one
-row per call in Diagnosis), a CSV of the rows and compare_summary_*.json next to it."""
+row per call in Diagnosis), a CSV of the rows and compare_summary_*.json next to it (also
+copied to compare_summary.json, the latest run's)."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections import Counter
 
@@ -196,4 +198,9 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
         json_path = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
         summary_json.write(json_path, digest)
         paths.append(json_path)
+        # a fixed name for scripts and CI: the latest run's summary (atomic: ranks may race)
+        latest = os.path.join(d, "compare_summary.json")
+        tmp = f"{latest}.{os.getpid()}.tmp"
+        shutil.copyfile(json_path, tmp)
+        os.replace(tmp, latest)
     return paths
