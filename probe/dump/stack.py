@@ -1,7 +1,7 @@
 """Call stacks of dumped APIs, captured cheaply and stored once per distinct stack.
 
 Formatting a traceback costs tens of microseconds, and even reading ``f_lineno`` scans a
-line table. A stack is keyed by its (code object, instruction offset) pairs, which are
+line table. A stack is keyed by its (code object id, instruction offset) pairs, which are
 cheap to read, and formatted only the first time it is seen.
 Frames of probe itself, of torch's function-mode plumbing, and the API's own dispatch
 frame are left out, so the innermost frame is the line that called the API.
@@ -36,12 +36,14 @@ class StackTable:
         self._ids = {}        # key -> id
         self.stacks = []      # id -> list of formatted frames, innermost first
         self._used = {}       # id -> entry names of this step, in first-use order
+        self._codes = []      # id -> the code objects its key names by id()
 
     def clear(self):
         self._used = {}
         if len(self.stacks) > _MAX_KEPT:
             self._ids.clear()
             self.stacks = []
+            self._codes = []
 
     def capture(self, entry_name, api_code=None):
         """Record the current stack for ``entry_name``; ``api_code`` is the API's own code object."""
@@ -54,7 +56,7 @@ class StackTable:
         add = key.append
         g = f
         while g is not None:
-            add(g.f_code)
+            add(id(g.f_code))   # hashing code objects costs more than hashing their ids
             add(g.f_lasti)
             g = g.f_back
         key = tuple(key)
@@ -62,11 +64,13 @@ class StackTable:
         if sid is None:
             sid = len(self.stacks)
             self._ids[key] = sid
-            frames = []
+            frames, codes = [], []
             while f is not None:
                 frames.append(_format(f.f_code, f.f_lineno))
+                codes.append(f.f_code)
                 f = f.f_back
             self.stacks.append(frames)
+            self._codes.append(codes)   # alive, so no other code object can take their ids
         names = self._used.get(sid)
         if names is None:
             self._used[sid] = [entry_name]
