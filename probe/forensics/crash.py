@@ -46,13 +46,21 @@ class CrashDump(_hub.Feature):
         self.written = []          # folders written, in order
         self._seen = set()         # (api, exception type): one dump each
 
+    @property
+    def failure_only(self):
+        return not self.capture_inputs
+
     def before(self, call):
         if self.capture_inputs:
             found = _tensors(call)
             return [(key, t, t._version, cpu_copy(t)) for key, t in found] or None
-        # This runs on every call: keep only the versions, to tell later whether the
-        # failing call modified a tensor before raising.
-        return {id(a): a._version for a in call.args if isinstance(a, torch.Tensor)}
+        return self.before_fast(call.args)
+
+    @staticmethod
+    def before_fast(args):
+        """Runs on every call: only the versions, to tell later whether the failing call
+        modified a tensor before raising."""
+        return {id(a): a._version for a in args if isinstance(a, torch.Tensor)}
 
     def failed(self, call, state, exc):
         if len(self.written) >= self.max_dumps:

@@ -163,6 +163,10 @@ class ForensicsHandler:
             return func(*args, **kwargs) if custom else self.inner(name, func, args, kwargs)
         if custom or not self.namer.collector_counts(name):
             self.namer.count(name)
+        if len(features) == 1 and features[0].failure_only:
+            # The common case (crash dumps alone) runs on every call: no Call object and no
+            # feature loop unless the API raises.
+            return self._watch_failure(features[0], name, func, args, kwargs, custom)
         call = Call(name, func, args, kwargs, self.namer)
         states = []
         for f in features:
@@ -189,9 +193,25 @@ class ForensicsHandler:
                          type(f).__name__, name, type(exc).__name__, exc)
         return out
 
+    def _watch_failure(self, feature, name, func, args, kwargs, custom):
+        try:
+            state = feature.before_fast(args)
+        except Exception:
+            state = None
+        try:
+            return func(*args, **kwargs) if custom else self.inner(name, func, args, kwargs)
+        except Exception as exc:
+            try:
+                feature.failed(Call(name, func, args, kwargs, self.namer), state, exc)
+            except Exception as err:
+                log_once((type(feature), "failed"), "probe: %s could not record %s's exception (%s: %s)",
+                         type(feature).__name__, name, type(err).__name__, err)
+            raise
+
 
 class Feature:
     """Base of the forensics features: every moment is optional."""
+    failure_only = False   # True: acts only when the API raises; provides ``before_fast(args)``
 
     def before(self, call):
         return None
