@@ -44,15 +44,29 @@ def _num(x) -> float:
     return _NAN
 
 
+_TENSOR_TYPES = ("torch.Tensor", "numpy.ndarray")
+_PLAIN_TYPES = ("int", "float", "bool", "str")
+_shapes: dict = {}          # one tuple per distinct shape, shared by all rows that have it
+
+
 def _leaf(name, entry, io, data) -> Row:
     kind_type = data.get("type")
-    if kind_type in ("torch.Tensor", "numpy.ndarray") or "dtype" in data and "shape" in data:
-        return Row(name, entry, io, "tensor", str(data.get("dtype")), tuple(data.get("shape") or ()),
-                   (_num(data.get("Max")), _num(data.get("Min")), _num(data.get("Mean")),
-                    _num(data.get("Norm"))),
-                   data.get("requires_grad"), data.get("md5"), data.get("data_name") or None)
-    value = data.get("value")
-    if kind_type in ("int", "float", "bool", "str") or kind_type is None:
+    get = data.get
+    if kind_type in _TENSOR_TYPES or "dtype" in data and "shape" in data:
+        mx, mn, mean, norm = get("Max"), get("Min"), get("Mean"), get("Norm")
+        stats = (mx if type(mx) is float else _num(mx), mn if type(mn) is float else _num(mn),
+                 mean if type(mean) is float else _num(mean),
+                 norm if type(norm) is float else _num(norm))
+        dtype = get("dtype")
+        shape = tuple(get("shape") or ())
+        try:
+            shape = _shapes.setdefault(shape, shape)
+        except TypeError:       # a malformed (nested) shape: not shared
+            pass
+        return Row(name, entry, io, "tensor", dtype if type(dtype) is str else str(dtype), shape,
+                   stats, get("requires_grad"), get("md5"), get("data_name") or None)
+    value = get("value")
+    if kind_type in _PLAIN_TYPES or kind_type is None:
         dtype = f"<class '{type(value).__name__}'>"
     else:
         dtype = str(kind_type)
@@ -65,7 +79,11 @@ def _walk(name, entry, io, data, out, index_lists=True):
         out.append(Row(name, entry, io, "none"))
     elif isinstance(data, list):
         for i, item in enumerate(data):
-            _walk(f"{name}.{i}" if index_lists else name, entry, io, item, out, index_lists)
+            item_name = f"{name}.{i}" if index_lists else name
+            if type(item) is dict and type(item.get("type")) is str:    # the common leaf
+                out.append(_leaf(item_name, entry, io, item))
+            else:
+                _walk(item_name, entry, io, item, out, index_lists)
     elif isinstance(data, dict):
         if isinstance(data.get("type"), str):
             out.append(_leaf(name, entry, io, data))
@@ -79,15 +97,16 @@ def flatten(entry_name: str, entry) -> list[Row]:
     out: list[Row] = []
     if not isinstance(entry, dict):
         return out
-    parts = entry_name.split(".")
-    if parts[-1] == "parameters_grad" or (len(parts) > 1 and parts[-2] == "parameters_grad"):
-        for key, item in entry.items():
-            _walk(f"{entry_name}.{key}", entry_name, "parameters_grad", item, out, index_lists=False)
-        return out
+    if "parameters_grad" in entry_name:
+        parts = entry_name.split(".")
+        if parts[-1] == "parameters_grad" or (len(parts) > 1 and parts[-2] == "parameters_grad"):
+            for key, item in entry.items():
+                _walk(f"{entry_name}.{key}", entry_name, "parameters_grad", item, out, index_lists=False)
+            return out
     for key, io in _IO_KEYS:
         if key in entry:
             _walk(f"{entry_name}.{io}", entry_name, io, entry[key], out)
-    if any(r.io == "parameters" for r in out):
+    if "parameters" in entry and any(r.io == "parameters" for r in out):
         out.sort(key=lambda r: _ORDER[r.io])   # stable: keeps order within each group
     return out
 

@@ -9,7 +9,9 @@ widths, which fit in a few hundred lines of SpreadsheetML.  openpyxl reads the r
 from __future__ import annotations
 
 import csv
+import queue
 import re
+import threading
 import zipfile
 from itertools import chain, repeat
 from dataclasses import dataclass, field
@@ -226,6 +228,35 @@ def _prefixes(sheet: Sheet) -> list:
     return out
 
 
+class _Pump:
+    """Writes to ``fh`` from a second thread: deflate and the file write release the GIL,
+    so compressing one chunk overlaps encoding the next."""
+
+    def __init__(self, fh):
+        self.queue, self.error = queue.Queue(maxsize=3), None
+        self.thread = threading.Thread(target=self._run, args=(fh,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fh):
+        while (data := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    fh.write(data)
+                except BaseException as exc:     # re-raised in the writing thread
+                    self.error = exc
+
+    def write(self, data: bytes):
+        if self.error is not None:
+            raise self.error
+        self.queue.put(data)
+
+    def close(self):
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet) -> None:
     ncol = len(sheet.header)
     letters = [_col_letter(i) for i in range(ncol)]
@@ -250,6 +281,7 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet) -> None:
         prefixes = _prefixes(sheet)
         styles = sheet.row_styles
         csv_fh = open(sheet.csv_path, "w", newline="", encoding="utf-8") if sheet.csv_path else None
+        out = _Pump(fh) if n > _CHUNK_ROWS else fh
         try:
             if csv_fh:
                 csv.writer(csv_fh).writerow(sheet.header)
@@ -267,11 +299,13 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet) -> None:
                     seqs.append(pre_cache[key])
                     seqs.append(bodies)
                 seqs.append(repeat("</row>", hi - lo))
-                fh.write("".join(chain.from_iterable(zip(*seqs))).encode("utf-8"))
+                out.write("".join(chain.from_iterable(zip(*seqs))).encode("utf-8"))
                 if csv_fh:
                     lines = map(",".join, zip(*[f for _, f in enc]))
                     csv_fh.write("\r\n".join(lines) + "\r\n")
         finally:
+            if out is not fh:
+                out.close()
             if csv_fh:
                 csv_fh.close()
         tail = ["</sheetData>"]
