@@ -2,6 +2,7 @@
 import csv
 import io
 import math
+import zipfile
 
 import numpy as np
 import openpyxl
@@ -80,3 +81,25 @@ def test_workbook_and_csv_round_trip(tmp_path):
     w.writerows(zip(*cols))
     with open(csv_path, newline="", encoding="utf-8") as fh:
         assert fh.read() == buf.getvalue()
+
+
+def test_floats_from_the_helper_process_are_the_same(tmp_path, monkeypatch):
+    from probe.compare import xlsx
+    rng = np.random.default_rng(0)
+    n = 1000
+    floats = rng.standard_normal(n).tolist()
+    gaps = [None if k % 7 == 0 else math.nan if k % 11 == 0 else INF if k % 13 == 0 else v
+            for k, v in enumerate(rng.standard_normal(n).tolist())]
+    cols = [[f"row {k}" for k in range(n)], floats, gaps, [None] * n]
+    header = ["name", "floats", "gaps", "empty"]
+    styles = [None, "error", "warning", None] * (n // 4)
+    written = []
+    for helper in (False, True):
+        if helper:
+            monkeypatch.setattr(xlsx, "_FLOAT_ROWS", 10)
+            monkeypatch.setattr(xlsx, "_CHUNK_ROWS", 64)
+        path = tmp_path / f"{helper}.xlsx"
+        write_workbook(str(path), [Sheet("rows", header, cols, styles, csv_path=str(path) + ".csv")])
+        with zipfile.ZipFile(path) as z:
+            written.append((z.read("xl/worksheets/sheet1.xml"), open(str(path) + ".csv", "rb").read()))
+    assert written[0] == written[1]

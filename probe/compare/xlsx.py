@@ -9,6 +9,7 @@ widths, which fit in a few hundred lines of SpreadsheetML.  openpyxl reads the r
 from __future__ import annotations
 
 import csv
+import os
 import queue
 import re
 import threading
@@ -118,11 +119,12 @@ def _body(value) -> str:
     return _text_body(str(value))
 
 
-def encode_column(col: list) -> tuple[list, list]:
+def encode_column(col: list, float_texts: list | None = None) -> tuple[list, list]:
     """(cell bodies, CSV fields) of one column, worked out per column type, not per cell.
 
     Each float is formatted once (repr: what csv.writer writes too) for both files;
-    strings are escaped in one pass over the joined column.  Cells and fields are what
+    strings are escaped in one pass over the joined column (``float_texts``: the reprs,
+    worked out by a helper process, see _FloatTexts).  Cells and fields are what
     ``_body`` and ``_csv_field`` give for each value, which odd (mixed) columns still use.
     """
     kinds = set(map(type, col))
@@ -131,7 +133,7 @@ def encode_column(col: list) -> tuple[list, list]:
     if not kinds:
         return [_EMPTY] * len(col), [""] * len(col)
     if kinds == {float}:
-        texts = list(map(repr, col))
+        texts = float_texts if float_texts is not None else list(map(repr, col))
         bodies = list(map(_NUM.__mod__, texts))
         bad = np.flatnonzero(~np.isfinite(np.array(col, dtype=np.float64)))   # None -> NaN
         for k in bad.tolist():
@@ -228,6 +230,58 @@ def _prefixes(sheet: Sheet) -> list:
     return out
 
 
+_FLOAT_ROWS = 50_000          # from this many rows on, floats are formatted by a helper process
+_SHARED: list = []            # float columns handed to the forked helper (copy-on-write)
+
+
+def _format_floats(lo: int, hi: int) -> list:
+    """Helper process: repr of rows lo..hi of each shared float column, NUL-joined."""
+    return ["\x00".join(map(repr, a[lo:hi].tolist())) for a in _SHARED]
+
+
+class _FloatTexts:
+    """Float reprs (the dearest part of the report: ~1 us each, millions of them) made by
+    a forked helper process, chunk by chunk ahead of the writer, on the other core."""
+
+    def __init__(self, columns: list, n: int):
+        self.index, self.futures, self.pool = {}, {}, None
+        if n < _FLOAT_ROWS or (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
+            return
+        for c, col in enumerate(columns):
+            kinds = set(map(type, col))
+            if kinds <= {float, _NONE_TYPE} and float in kinds:
+                self.index[c] = len(_SHARED)
+                _SHARED.append(np.array(col, dtype=np.float64))
+        if not self.index:
+            return
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        try:
+            self.pool = ProcessPoolExecutor(1, mp_context=mp.get_context("fork"))
+            for lo in range(0, n, _CHUNK_ROWS):
+                self.futures[lo] = self.pool.submit(_format_floats, lo, min(n, lo + _CHUNK_ROWS))
+        except OSError:                     # no processes to be had: format in this one
+            self.close()
+        finally:
+            _SHARED.clear()                 # the helper has its copy from the fork
+
+    def get(self, lo: int) -> list:
+        """Per column of the sheet: the reprs of the chunk starting at row lo, or None."""
+        fut = self.futures.pop(lo, None)
+        if fut is None:
+            return [None] * (max(self.index, default=-1) + 1)
+        joined = fut.result()
+        out = [None] * (max(self.index) + 1)
+        for c, k in self.index.items():
+            out[c] = joined[k].split("\x00")
+        return out
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+            self.pool, self.futures = None, {}
+
+
 class _Pump:
     """Writes to ``fh`` from a second thread: deflate and the file write release the GIL,
     so compressing one chunk overlaps encoding the next."""
@@ -281,13 +335,16 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet) -> None:
         prefixes = _prefixes(sheet)
         styles = sheet.row_styles
         csv_fh = open(sheet.csv_path, "w", newline="", encoding="utf-8") if sheet.csv_path else None
+        floats = _FloatTexts(sheet.columns, n)          # before the pump thread: it forks
         out = _Pump(fh) if n > _CHUNK_ROWS else fh
         try:
             if csv_fh:
                 csv.writer(csv_fh).writerow(sheet.header)
             for lo in range(0, n, _CHUNK_ROWS):
                 hi = min(n, lo + _CHUNK_ROWS)
-                enc = [encode_column(c[lo:hi]) for c in sheet.columns]
+                texts = floats.get(lo)
+                enc = [encode_column(c[lo:hi], texts[k] if k < len(texts) else None)
+                       for k, c in enumerate(sheet.columns)]
                 # one join over the cells in row order: "<row r=..>", prefix, body, ..., "</row>"
                 st = styles[lo:hi] if styles else [None] * (hi - lo)
                 seqs = [[f'<row r="{r}">' for r in range(lo + 2, hi + 2)]]
@@ -304,6 +361,7 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet) -> None:
                     lines = map(",".join, zip(*[f for _, f in enc]))
                     csv_fh.write("\r\n".join(lines) + "\r\n")
         finally:
+            floats.close()
             if out is not fh:
                 out.close()
             if csv_fh:
