@@ -41,7 +41,7 @@ def _msprobe_python():
 
 
 MSREF_PYTHON = _msprobe_python()
-LEVELS = ("L1",)  # add "L0", "mix" here once probe dumps them: rows are (model, level, task, disk)
+LEVELS = ("L1", "L0", "mix")  # rows are (model, level, task, disk)
 
 
 # ---- models -----------------------------------------------------------------------
@@ -122,7 +122,7 @@ def train_step(model, opt, x, y):
 
 
 # ---- timing -----------------------------------------------------------------------
-def time_steps(model_name, debugger_factory, warmup, steps):
+def time_steps(model_name, debugger_factory, warmup, steps, level="L1"):
     """Median step times (s) off and on: two copies of the model, steps interleaved off/on.
 
     Interleaving makes load from other processes hit both sides alike. One intra-op
@@ -139,7 +139,7 @@ def time_steps(model_name, debugger_factory, warmup, steps):
         t0 = time.perf_counter()
         train_step(*plain)
         t1 = time.perf_counter()
-        dbg.start()
+        dbg.start(dumped[0] if level in ("L0", "mix") else None)
         train_step(*dumped)
         dbg.stop()
         dbg.step()
@@ -164,7 +164,7 @@ def probe_row(model_name, level, task, root, warmup, steps):
     dump_path = tempfile.mkdtemp(prefix="probe_bench_", dir=root)
     try:
         off, on, dbg = time_steps(model_name, lambda: PrecisionDebugger(dump_path=dump_path, task=task, level=level),
-                                  warmup, steps)
+                                  warmup, steps, level)
         dbg.close()
         return off, on, count_entries(dump_path)
     finally:
@@ -198,7 +198,8 @@ def msprobe_child(args):
     cfg_path = os.path.join(args.dump_path, "msprobe_config.json")
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
-    off, on, _ = time_steps(args.model, lambda: PrecisionDebugger(config_path=cfg_path), args.warmup, args.steps)
+    off, on, _ = time_steps(args.model, lambda: PrecisionDebugger(config_path=cfg_path), args.warmup, args.steps,
+                            args.level)
     print("RESULT " + json.dumps({"off": off, "on": on, "entries": count_entries(args.dump_path)}), flush=True)
 
 
@@ -252,7 +253,7 @@ def main():
         ["mid d256 2blk b8", "mid d256 4blk b64", "gpt2 block d256 b4x64"]
     disk = tempfile.gettempdir()
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    with_ms = not args.no_msprobe and os.path.exists(MSREF_PYTHON)
+    with_ms = not args.no_msprobe and MSREF_PYTHON is not None
     rows = []
     for model_name in models:
         for level in LEVELS:
