@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import repeat
 
 from .rows import Row
 
@@ -107,6 +108,8 @@ def pair_rows(npu_rows: list[Row], bench_rows: list[Row], fuzzy: bool = False,
     from .align import align_calls, build_calls, rows_from_ops
     if align is None and len(npu_rows) == len(bench_rows) and all(
             a.name == b.name for a, b in zip(npu_rows, bench_rows)):
+        if len({r.name for r in npu_rows}) == len(npu_rows):    # unique names: k-th with k-th
+            return list(map(Pair, npu_rows, bench_rows, repeat("exact"))), "exact"
         return match(npu_rows, bench_rows), "exact"         # the common case, decided cheaply
     A, B = build_calls(npu_rows, npu_modules), build_calls(bench_rows, bench_modules)
     if align is None and len(A) == len(B) and all(a.entry == b.entry for a, b in zip(A, B)):

@@ -87,13 +87,17 @@ class Verdict:
 
 def judge_ratio(v: Verdict, ratio: float, tol: Tolerance, what: str):
     """Apply the tolerance-ratio criterion (worst |err| / tolerance)."""
-    if ratio is None or math.isnan(ratio):
+    if ratio is None or math.isnan(ratio) or ratio <= 1.0:
         return
+    v.add(*ratio_finding(ratio, tol, what))
+
+
+def ratio_finding(ratio: float, tol: Tolerance, what: str) -> tuple[str, str]:
+    """(level, message) for a ratio beyond 1 (what judge_ratio adds)."""
     if ratio > ERROR_FACTOR:
-        v.add("error", f"{what} {ratio:.3g}x the {tol.name} tolerance (rtol {tol.rtol:g}), "
-                       f"more than {ERROR_FACTOR:g}x")
-    elif ratio > 1.0:
-        v.add("warning", f"{what} {ratio:.3g}x the {tol.name} tolerance (rtol {tol.rtol:g})")
+        return "error", (f"{what} {ratio:.3g}x the {tol.name} tolerance (rtol {tol.rtol:g}), "
+                         f"more than {ERROR_FACTOR:g}x")
+    return "warning", f"{what} {ratio:.3g}x the {tol.name} tolerance (rtol {tol.rtol:g})"
 
 
 def judge_cosine(v: Verdict, cosine: float, tol: Tolerance):
