@@ -171,3 +171,25 @@ def test_tensor_file_writer_round_trips(tmp_path, array):
     _write_npy(path, array)   # second time through the cached header
     back = np.load(path, allow_pickle=False)
     assert back.dtype == array.dtype and back.shape == array.shape and np.array_equal(back, array)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_does_not_write_into_the_parents_dump(make_debugger, dump_dir):
+    """A DataLoader-style worker forked while dumping inherits the mode and the patches;
+    its calls must stay out of the parent's dump.json."""
+    x = torch.randn(4)
+    dbg = make_debugger()
+    dbg.start()
+    x + 1
+    pid = os.fork()
+    if pid == 0:   # child: many calls, more than a flush's worth
+        try:
+            for _ in range(3000):
+                x * 2
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    x - 1
+    dbg.stop()
+    dbg.step()
+    assert list(load_dump(dump_dir)) == ["Tensor.__add__.0.forward", "Tensor.__sub__.0.forward"]

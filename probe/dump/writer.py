@@ -131,6 +131,7 @@ class DumpWriter:
     def __init__(self, task, level):
         self.header = {"task": task, "level": level, "framework": "pytorch", "dump_data_dir": None}
         self._queue = queue.SimpleQueue()
+        self._pid = os.getpid()
         self._pending = []           # entries not yet written
         self._direct = False         # entries written by the calling thread (see open_dir)
         self.before_flush = None     # called before entries are encoded (async_dump)
@@ -157,12 +158,16 @@ class DumpWriter:
         self._queue.put(("prepare", rank_dir, with_tensors))
 
     def add_entry(self, name, body):
+        if os.getpid() != self._pid:   # a forked child must not write into the parent's files
+            return
         self._pending.append((name, body))
         if len(self._pending) >= _FLUSH_ENTRIES or time.monotonic() - self._last_flush > _FLUSH_SECONDS:
             self._flush_pending()
 
     def add_tensor(self, file_name, array):
         """Queue a CPU numpy array for ``dump_tensor_data/file_name``."""
+        if os.getpid() != self._pid:
+            return
         size = array.nbytes
         with self._bytes_cv:
             while self._bytes and self._bytes + size > _MAX_PENDING_BYTES:

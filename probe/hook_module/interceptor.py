@@ -24,6 +24,7 @@ function runs with the mode switched off (it dispatched on itself first), so reg
 calls inside it are not seen. ``Tensor.backward`` calling ``torch.ones_like`` is the case
 met in practice; msprobe, which patches attributes, records that call.
 """
+import os
 import threading
 
 import torch
@@ -36,6 +37,15 @@ class _ThreadState(threading.local):
 
 
 state = _ThreadState()
+
+
+def _quiet_in_child():
+    # A process forked while dumping (DataLoader workers) inherits the mode and the
+    # patches; its calls must not be recorded into the parent's dump.
+    state.depth += 1
+
+
+os.register_at_fork(after_in_child=_quiet_in_child)
 
 
 class guard:
