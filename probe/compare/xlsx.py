@@ -32,9 +32,35 @@ _EMPTY = "/>"
 _NUM = "><v>%s</v></c>"
 _STR = ' t="inlineStr"><is><t>%s</t></is></c>'
 _STR_WS = ' t="inlineStr"><is><t xml:space="preserve">%s</t></is></c>'   # edge whitespace kept
+_SST_CELL = ' t="s"><v>%d</v></c>'                  # a shared string, by its index
 _BOOL = {False: ' t="b"><v>0</v></c>', True: ' t="b"><v>1</v></c>'}
 _INF, _NINF = float("inf"), float("-inf")
 _NONE_TYPE = type(None)
+
+
+class SharedStrings:
+    """The workbook's shared-strings table (xl/sharedStrings.xml): repeated texts (dtypes,
+    shapes, verdicts, messages) are written once and referred to by index, which makes the
+    sheet XML (and the deflating of it) much smaller.  Cells read back the same."""
+
+    def __init__(self):
+        self.cells, self.items = {}, []
+
+    def body(self, text: str) -> str:
+        """The cell body (after the style attribute) referring to ``text``."""
+        cell = self.cells.get(text)
+        if cell is None:
+            inline = _text_body(text)                     # the same escaping / truncation
+            t = inline[inline.index("<t"):inline.rindex("</is>")]
+            cell = self.cells[text] = _SST_CELL % len(self.items)
+            self.items.append("<si>%s</si>" % t)
+        return cell
+
+    def xml(self) -> str:
+        n = len(self.items)
+        return ('<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+                '<sst xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" '
+                f'uniqueCount="{n}">' + "".join(self.items) + "</sst>")
 
 
 @dataclass
@@ -119,13 +145,15 @@ def _body(value) -> str:
     return _text_body(str(value))
 
 
-def encode_column(col: list, float_texts: list | None = None) -> tuple[list, list]:
+def encode_column(col: list, float_texts: list | None = None,
+                  sst: SharedStrings | None = None) -> tuple[list, list]:
     """(cell bodies, CSV fields) of one column, worked out per column type, not per cell.
 
     Each float is formatted once (repr: what csv.writer writes too) for both files;
     strings are escaped in one pass over the joined column (``float_texts``: the reprs,
     worked out by a helper process, see _FloatTexts).  Cells and fields are what
-    ``_body`` and ``_csv_field`` give for each value, which odd (mixed) columns still use.
+    ``_body`` and ``_csv_field`` give for each value, which odd (mixed) columns still use;
+    with ``sst``, texts that repeat in the column are shared strings instead.
     """
     kinds = set(map(type, col))
     has_none = _NONE_TYPE in kinds
@@ -143,6 +171,11 @@ def encode_column(col: list, float_texts: list | None = None) -> tuple[list, lis
                 texts[k] = ""
         return bodies, texts
     if not {bool, int} <= kinds and kinds <= {str, bool, int}:
+        if sst is not None:                          # in order of first appearance
+            uniq = dict.fromkeys(col)
+            cells = {v: sst.body(v) if type(v) is str else _body(v) for v in uniq}
+            fields = {v: _csv_field(v) for v in uniq}
+            return list(map(cells.__getitem__, col)), list(map(fields.__getitem__, col))
         uniq = set(col)
         if len(uniq) <= max(64, len(col) >> 3):      # few distinct values: look them up
             cells = {v: _body(v) for v in uniq}
@@ -150,7 +183,20 @@ def encode_column(col: list, float_texts: list | None = None) -> tuple[list, lis
             return list(map(cells.__getitem__, col)), list(map(fields.__getitem__, col))
     if kinds == {str}:
         return _str_column(col, has_none)
+    if sst is not None:
+        return ([sst.body(v) if type(v) is str else _body(v) for v in col],
+                list(map(_csv_field, col)))
     return list(map(_body, col)), list(map(_csv_field, col))
+
+
+def _repeats(col: list) -> bool:
+    """Whether a column's texts repeat enough to be shared strings (decided for the whole
+    column, so that the XML does not depend on how the rows are chunked)."""
+    try:
+        uniq = set(col)
+    except TypeError:                                # unhashable values: cell by cell
+        return False
+    return len(uniq) <= len(col) >> 1 and any(type(v) is str for v in uniq)
 
 
 def _str_column(col: list, has_none: bool) -> tuple[list, list]:
@@ -311,7 +357,7 @@ class _Pump:
             raise self.error
 
 
-def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet) -> None:
+def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrings | None = None) -> None:
     ncol = len(sheet.header)
     letters = [_col_letter(i) for i in range(ncol)]
     with zf.open(f"xl/worksheets/sheet{index}.xml", "w", force_zip64=True) as fh:
@@ -333,6 +379,7 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet) -> None:
         fh.write("".join(parts).encode("utf-8"))
         n = len(sheet.columns[0]) if sheet.columns else 0
         prefixes = _prefixes(sheet)
+        shared = [sst if sst is not None and _repeats(c) else None for c in sheet.columns]
         styles = sheet.row_styles
         csv_fh = open(sheet.csv_path, "w", newline="", encoding="utf-8") if sheet.csv_path else None
         floats = _FloatTexts(sheet.columns, n)          # before the pump thread: it forks
@@ -343,7 +390,7 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet) -> None:
             for lo in range(0, n, _CHUNK_ROWS):
                 hi = min(n, lo + _CHUNK_ROWS)
                 texts = floats.get(lo)
-                enc = [encode_column(c[lo:hi], texts[k] if k < len(texts) else None)
+                enc = [encode_column(c[lo:hi], texts[k] if k < len(texts) else None, shared[k])
                        for k, c in enumerate(sheet.columns)]
                 # one join over the cells in row order: "<row r=..>", prefix, body, ..., "</row>"
                 st = styles[lo:hi] if styles else [None] * (hi - lo)
@@ -491,6 +538,7 @@ def write_workbook(path: str, sheets: list) -> None:
                     '<Default Extension="xml" ContentType="application/xml"/>'
                     '<Override PartName="/xl/workbook.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.sheet.main+xml"/>'
                     '<Override PartName="/xl/styles.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.styles+xml"/>'
+                    '<Override PartName="/xl/sharedStrings.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.sharedStrings+xml"/>'
                     + "".join(f'<Override PartName="/xl/worksheets/sheet{i + 1}.xml" ContentType='
                               f'"application/vnd.openxmlformats-officedocument.spreadsheetml.worksheet+xml"/>'
                               for i in range(n))
@@ -520,7 +568,12 @@ def write_workbook(path: str, sheets: list) -> None:
                               f'officeDocument/2006/relationships/worksheet" Target="worksheets/sheet{i + 1}.xml"/>'
                               for i in range(n))
                     + f'<Relationship Id="rId{n + 1}" Type="http://schemas.openxmlformats.org/'
-                      f'officeDocument/2006/relationships/styles" Target="styles.xml"/></Relationships>')
+                      f'officeDocument/2006/relationships/styles" Target="styles.xml"/>'
+                    + f'<Relationship Id="rId{n + 2}" Type="http://schemas.openxmlformats.org/'
+                      f'officeDocument/2006/relationships/sharedStrings" Target="sharedStrings.xml"/>'
+                      '</Relationships>')
         zf.writestr("xl/styles.xml", _styles())
+        sst = SharedStrings()
         for i, sheet in enumerate(sheets):
-            _write_sheet(zf, i + 1, sheet)
+            _write_sheet(zf, i + 1, sheet, sst)
+        zf.writestr("xl/sharedStrings.xml", sst.xml())
