@@ -189,14 +189,36 @@ def encode_column(col: list, float_texts: list | None = None,
     return list(map(_body, col)), list(map(_csv_field, col))
 
 
+def _constant(col: list) -> bool:
+    """Whether a chunk of a column holds one text (or one bool) only."""
+    t = type(col[0]) if col else None
+    if t is str:
+        return col.count(col[0]) == len(col)
+    if t is bool:
+        return col.count(col[0]) == len(col) and set(map(type, col)) == {bool}
+    return False
+
+
+def _finite_floats(col: list, float_texts: list | None):
+    """The reprs of a column of finite floats only (the cells' ``<v>`` texts, the CSV's
+    fields), or None for any other column."""
+    if not col or type(col[0]) is not float or set(map(type, col)) != {float}:
+        return None
+    if not np.isfinite(np.array(col, dtype=np.float64)).all():
+        return None
+    return float_texts if float_texts is not None else list(map(repr, col))
+
+
 def _repeats(col: list) -> bool:
     """Whether a column's texts repeat enough to be shared strings (decided for the whole
     column, so that the XML does not depend on how the rows are chunked)."""
+    if len(set(col[:4096])) > 3072 or str not in set(map(type, col)):   # unique names: no
+        return False
     try:
         uniq = set(col)
     except TypeError:                                # unhashable values: cell by cell
         return False
-    return len(uniq) <= len(col) >> 1 and any(type(v) is str for v in uniq)
+    return len(uniq) <= len(col) >> 1
 
 
 def _str_column(col: list, has_none: bool) -> tuple[list, list]:
@@ -390,19 +412,40 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
             for lo in range(0, n, _CHUNK_ROWS):
                 hi = min(n, lo + _CHUNK_ROWS)
                 texts = floats.get(lo)
-                enc = [encode_column(c[lo:hi], texts[k] if k < len(texts) else None, shared[k])
-                       for k, c in enumerate(sheet.columns)]
-                # one join over the cells in row order: "<row r=..>", prefix, body, ..., "</row>"
-                st = styles[lo:hi] if styles else [None] * (hi - lo)
+                m = hi - lo
+                enc, kind = [], []              # kind: 0 cell bodies, 1 float texts, 2 one body
+                for k, c in enumerate(sheet.columns):
+                    chunk, ft = c[lo:hi], (texts[k] if k < len(texts) else None)
+                    if _constant(chunk):
+                        body, field = encode_column(chunk[:1], None, shared[k])
+                        enc.append((body[0], [field[0]] * m))
+                        kind.append(2)
+                        continue
+                    plain = _finite_floats(chunk, ft)
+                    kind.append(1 if plain is not None else 0)
+                    enc.append((plain, plain) if plain is not None else
+                               encode_column(chunk, ft, shared[k]))
+                # one join over the cells in row order: "<row r=..>", prefix, body, ..., "</row>";
+                # a column of finite floats gives just the numbers' texts, its "><v>" and
+                # "</v></c>" going with the prefixes around them; a column of one value goes
+                # whole into the (per row style) text before the next column
+                st = styles[lo:hi] if styles else [None] * m
                 seqs = [[f'<row r="{r}">' for r in range(lo + 2, hi + 2)]]
-                pre_cache = {}
-                for pre, (bodies, _) in zip(prefixes, enc):
-                    key = pre[None]
-                    if key not in pre_cache:
-                        pre_cache[key] = list(map(pre.__getitem__, st))
-                    seqs.append(pre_cache[key])
-                    seqs.append(bodies)
-                seqs.append(repeat("</row>", hi - lo))
+                pending = dict.fromkeys(FILLS, "")
+                prev_raw = False
+                for pre, (bodies, _), kd in zip(prefixes, enc, kind):
+                    lead, tail = ("</v></c>" if prev_raw else ""), ("><v>" if kd == 1 else "")
+                    full = {style: pending[style] + lead + p + tail for style, p in pre.items()}
+                    if kd == 2:
+                        pending = {style: t + bodies for style, t in full.items()}
+                    else:
+                        seqs.append(list(map(full.__getitem__, st)))
+                        seqs.append(bodies)
+                        pending = dict.fromkeys(FILLS, "")
+                    prev_raw = kd == 1
+                end = {style: t + ("</v></c>" if prev_raw else "") + "</row>"
+                       for style, t in pending.items()}
+                seqs.append(list(map(end.__getitem__, st)))
                 out.write("".join(chain.from_iterable(zip(*seqs))).encode("utf-8"))
                 if csv_fh:
                     lines = map(",".join, zip(*[f for _, f in enc]))
