@@ -83,6 +83,7 @@ def test_capture_and_replay_reproduce(tmp_path, capsys):
     assert rc == 0, out
     assert "grad_input.1 vs saved: pass max_abs=0 " in out           # bitwise on the same device
     assert "output.0 vs float64 golden: pass" in out
+    assert "grad_input.1 vs float64 golden: pass" in out             # weight grad vs the fp64 golden's
     rc, out = _replay([str(tmp_path), "--time", "--times", "2", "--forward-only", "--ops", "linear"], capsys)
     assert rc == 0 and out.count("Functional.linear.") == 2 and "gelu" not in out
     # a capture that does not reproduce is reported

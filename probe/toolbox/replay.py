@@ -160,3 +160,31 @@ class Replayer:
             g, s = by_leaf[id(leaves[id(flat[i])])], grads.get(f"in.{i}")
             if g is not None and s is not None:
                 self._add(res, f"grad_input.{i} vs saved", compare(g, s, *self.tolerances.get(name, s.dtype)))
+        self._check_backward_golden(res, name, meta, cpu_tensors, grads, slots,
+                                    {i: by_leaf[id(leaves[id(flat[i])])] for i in slots})
+
+    def _check_backward_golden(self, res, name, meta, cpu_tensors, grads, slots, replayed):
+        """Input gradients against the CPU golden's for the same saved output gradients."""
+        gd = golden_dtype(name)
+        try:
+            ts = [t.detach().clone().requires_grad_(m["requires_grad"] and t.is_floating_point())
+                  for t, m in zip(cpu_tensors, meta["tensors"])]
+            snap = (decode(meta["inputs"]["args"], ts), decode(meta["inputs"]["kwargs"], ts))
+            (gargs, gkwargs), gleaves = golden_inputs(snap, gd, True)
+            with torch.enable_grad():
+                gouts = base.flat_outputs(self.funcs[name](*gargs, **gkwargs))
+            pairs = [(o, grads[f"out.{j}"].to(o.dtype)) for j, o in enumerate(gouts)
+                     if o is not None and o.requires_grad and f"out.{j}" in grads]
+            want = [(i, gleaves[i]) for i in slots if i < len(gleaves) and gleaves[i] is not None]
+            if not pairs or not want:
+                return
+            got = torch.autograd.grad([p[0] for p in pairs], [leaf for _, leaf in want],
+                                      [p[1] for p in pairs], allow_unused=True)
+        except Exception as exc:
+            self._add(res, "golden backward", {"status": "skipped", "note": f"golden backward failed: {exc}"})
+            return
+        for (i, _), golden in zip(want, got):
+            g = replayed.get(i)
+            if g is not None and golden is not None:
+                self._add(res, f"grad_input.{i} vs {str(gd)[6:]} golden",
+                          compare(g, golden, *self.tolerances.get(name, g.dtype)))
