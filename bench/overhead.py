@@ -31,6 +31,8 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+
+
 def _msprobe_python():
     """An interpreter that has msprobe: $MSPROBE_PYTHON, the /opt/msref venv, or this one."""
     import importlib.util
@@ -45,30 +47,9 @@ LEVELS = ("L1", "L0", "mix")  # rows are (model, level, task, disk)
 
 
 # ---- models -----------------------------------------------------------------------
-class Block(nn.Module):
-    """msprobe fixtures' tiny_model block: Linear-ReLU-Linear + residual + LayerNorm."""
-
-    def __init__(self, d):
-        super().__init__()
-        self.fc1 = nn.Linear(d, 2 * d)
-        self.act = nn.ReLU()
-        self.fc2 = nn.Linear(2 * d, d)
-        self.norm = nn.LayerNorm(d)
-
-    def forward(self, x):
-        return self.norm(x + self.fc2(self.act(self.fc1(x))))
-
-
-class TinyNet(nn.Module):
-    def __init__(self, d, n_blocks, n_cls=10):
-        super().__init__()
-        self.blocks = nn.ModuleList([Block(d) for _ in range(n_blocks)])
-        self.head = nn.Linear(d, n_cls)
-
-    def forward(self, x):
-        for b in self.blocks:
-            x = b(x)
-        return F.softmax(self.head(x), dim=-1)
+# The "mid model" is the msprobe fixtures' tiny_model (a copy lives in tests/fixtures/dump).
+sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures", "dump"))
+from tiny_model import TinyNet  # noqa: E402
 
 
 class GPT2Block(nn.Module):
@@ -94,10 +75,10 @@ class GPT2Block(nn.Module):
 
 # name -> (builder, input shape); all end in softmax over 10 classes, loss as the fixtures' run
 MODELS = {
-    "mid d256 2blk b8": (lambda: TinyNet(256, 2), (8, 256)),
-    "mid d256 4blk b64": (lambda: TinyNet(256, 4), (64, 256)),
+    "mid d256 2blk b8": (lambda: TinyNet(d=256, n_blocks=2), (8, 256)),
+    "mid d256 4blk b64": (lambda: TinyNet(d=256, n_blocks=4), (64, 256)),
     "gpt2 block d256 b4x64": (lambda: GPT2Block(256), (4, 64, 256)),
-    "small d32 2blk b8": (lambda: TinyNet(32, 2), (8, 32)),
+    "small d32 2blk b8": (lambda: TinyNet(d=32, n_blocks=2), (8, 32)),
 }
 
 
