@@ -100,3 +100,19 @@ def test_seed_all_mode_enables_deterministic_algorithms(restore_rng_env):
 def test_seed_all_refuses_bad_seeds(seed):
     with pytest.raises(ValueError, match="seed"):
         seed_all(seed)
+
+
+def test_repository_example_config_dumps_a_real_model(tmp_path, monkeypatch):
+    """The config.json at the repository root works as shipped (its dump_path is relative)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.chdir(tmp_path)
+    dbg = PrecisionDebugger(config_path=os.path.join(root, "config.json"))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    dbg.start()
+    model(torch.randn(2, 4)).sum().backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    with open(tmp_path / "dump_path" / "step0" / "rank" / "dump.json") as f:
+        data = json.load(f)["data"]
+    assert "Functional.linear.0.forward" in data and "Functional.linear.0.backward" in data
