@@ -30,7 +30,7 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     adds the diagnosis (first divergence, Diagnosis sheet, summary json).
     """
     from .diagnosis import diagnose, noise_floor
-    from .engine import compare_dumps
+    from .engine import compare_dumps, gc_paused
     from .report import diagnosis_lines, summary_rows, write_report
     if not isinstance(dump_result_param, dict):
         raise ValueError("dump_result_param must be a dict with npu_json_path and bench_json_path")
@@ -50,13 +50,15 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
         raise FileNotFoundError(f"dump.json not found: {bench2}")
     verbose = dump_result_param.get("is_print_compare_log", True)
     workers = kwargs.get("workers")
-    result = compare_dumps(npu, bench, stack, stack_mode=stack_mode, fuzzy_match=fuzzy_match,
-                           workers=workers, progress=kwargs.get("progress", verbose), align=align)
-    diag = None
-    if auto_analyze:
-        noise = noise_floor(bench, bench2, workers=workers, align=align) if bench2 else None
-        diag = diagnose(result, noise)
-    paths = write_report(result, output_path, kwargs.get("tag", ""), diag, bench2)
+    with gc_paused():          # millions of live containers, next to no cycles: see engine
+        result = compare_dumps(npu, bench, stack, stack_mode=stack_mode, fuzzy_match=fuzzy_match,
+                               workers=workers, progress=kwargs.get("progress", verbose),
+                               align=align)
+        diag = None
+        if auto_analyze:
+            noise = noise_floor(bench, bench2, workers=workers, align=align) if bench2 else None
+            diag = diagnose(result, noise)
+        paths = write_report(result, output_path, kwargs.get("tag", ""), diag, bench2)
     if verbose:
         for note in result.notes:
             print(f"[probe compare] {note}", file=sys.stderr)
