@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 
 _CHUNK = 1 << 22
@@ -120,8 +121,29 @@ def read_dump(path: str, meta: DumpMeta | None = None):
                 f"({exc.msg}); compared what was complete")
 
 
+# `,? "plain key" :` between entries -- no escapes or control characters in the key, so
+# the text between the quotes is what JSON decoding of the key would give
+_PLAIN_KEY = re.compile(r'[ \t\r\n]*,?[ \t\r\n]*"([^"\\\x00-\x1f]*)"[ \t\r\n]*:[ \t\r\n]*')
+
+
 def _entries(buf, decoder, meta):
+    scan, plain_key = decoder.scan_once, _PLAIN_KEY.match
     while True:
+        # fast path: a plain key and an entry that ends inside the window, decoded with
+        # the scanner directly; anything else takes the general path below from the same
+        # position (window refills, truncation, escaped keys, the closing brace)
+        text = buf.text
+        m = plain_key(text, buf.pos)
+        if m is not None:
+            try:
+                entry, end = scan(text, m.end())
+            except (StopIteration, json.JSONDecodeError):
+                end = len(text)
+            if end < len(text):
+                buf.pos = end
+                meta.entries += 1
+                yield m.group(1), entry
+                continue
         ch = buf.skip_ws()
         if ch == ",":
             buf.pos += 1
