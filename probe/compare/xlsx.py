@@ -14,7 +14,7 @@ import queue
 import re
 import threading
 import zipfile
-from itertools import chain, repeat
+from itertools import chain
 from dataclasses import dataclass, field
 
 import numpy as np

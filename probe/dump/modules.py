@@ -21,7 +21,7 @@ import torch
 from probe.dump.collector import _Summaries
 from probe.dump.construct import OPTIMIZER
 from probe.hook_module import grad_capture
-from probe.hook_module.interceptor import guard, state
+from probe.hook_module.interceptor import state
 
 # A module spans many autograd nodes; grad_capture's per-API walk limit is too small.
 _MODULE_MAX_NODES = 1 << 16

@@ -14,6 +14,7 @@ by an earlier run is renamed aside and deleted in the background.
 """
 import io
 import json
+import logging
 import os
 import queue
 import shutil
@@ -206,9 +207,6 @@ class DumpWriter:
         self._queue.put(("stop",))
         self._thread.join(timeout=30)
 
-    @property
-    def error(self):
-        return self._error
 
     def _flush_pending(self):
         self._last_flush = time.monotonic()
@@ -229,7 +227,6 @@ class DumpWriter:
     def _report(self, exc):
         if self._error is None:
             self._error = exc
-            import logging
             logging.getLogger("probe").error("probe: writing dump files failed: %s", exc)
 
     # ---- writer thread ---------------------------------------------------

@@ -12,7 +12,6 @@ device without breaking aliasing: those run on the device, and the call is repor
 
 Use: bisect a faulty kernel by watching the loss while narrowing ``OP_FALLBACK_LIST``.
 """
-import os
 
 import torch
 
@@ -38,7 +37,6 @@ class OpFallback(base.ToolBase):
 
     def handle(self, name, call_id, func, args, kwargs):
         device = base.call_device(args, kwargs)
-        flat = base.flat_tensors((args, kwargs))
         memo = {}
         real_of = {}
 
