@@ -2,10 +2,12 @@
 import csv
 import io
 import math
+import os
 import zipfile
 
 import numpy as np
 import openpyxl
+import pytest
 
 from probe.compare.xlsx import Sheet, _body, encode_column, write_workbook
 
@@ -83,23 +85,52 @@ def test_workbook_and_csv_round_trip(tmp_path):
         assert fh.read() == buf.getvalue()
 
 
-def test_floats_from_the_helper_process_are_the_same(tmp_path, monkeypatch):
-    from probe.compare import xlsx
+def _rows_sheet(n):
     rng = np.random.default_rng(0)
-    n = 1000
     floats = rng.standard_normal(n).tolist()
     gaps = [None if k % 7 == 0 else math.nan if k % 11 == 0 else INF if k % 13 == 0 else v
             for k, v in enumerate(rng.standard_normal(n).tolist())]
-    cols = [[f"row {k}" for k in range(n)], floats, gaps, [None] * n]
-    header = ["name", "floats", "gaps", "empty"]
+    verdicts = [("pass", "warning", "error")[k % 3] for k in range(n)]      # shared strings
+    cols = [[f"row {k}" for k in range(n)], floats, gaps, [None] * n, verdicts]
+    header = ["name", "floats", "gaps", "empty", "verdict"]
     styles = [None, "error", "warning", None] * (n // 4)
-    written = []
-    for helper in (False, True):
-        if helper:
-            monkeypatch.setattr(xlsx, "_FLOAT_ROWS", 10)
-            monkeypatch.setattr(xlsx, "_CHUNK_ROWS", 64)
-        path = tmp_path / f"{helper}.xlsx"
-        write_workbook(str(path), [Sheet("rows", header, cols, styles, csv_path=str(path) + ".csv")])
-        with zipfile.ZipFile(path) as z:
-            written.append((z.read("xl/worksheets/sheet1.xml"), open(str(path) + ".csv", "rb").read()))
-    assert written[0] == written[1]
+    return header, cols, styles
+
+
+def _write(path, header, cols, styles, second_sheet=True):
+    sheets = [Sheet("rows", header, cols, styles, csv_path=str(path) + ".csv")]
+    if second_sheet:                    # shared strings carry over from sheet to sheet
+        sheets.append(Sheet("again", header, cols, styles))
+    write_workbook(str(path), sheets)
+    with zipfile.ZipFile(path) as z:
+        return [z.read(n) for n in sorted(z.namelist())], open(str(path) + ".csv", "rb").read()
+
+
+@pytest.mark.parametrize("helper_fate", ["works", "dies", "fails"])
+def test_chunks_from_the_helper_process_are_the_same(tmp_path, monkeypatch, helper_fate):
+    """A big sheet is encoded by this process and a forked helper, chunk by chunk; the
+    file is the same as one process alone makes, also when the helper dies or raises."""
+    from probe.compare import xlsx
+    header, cols, styles = _rows_sheet(1000)
+    monkeypatch.setattr(xlsx, "_CHUNK_ROWS", 64)
+    alone = _write(tmp_path / "alone.xlsx", header, cols, styles)
+    monkeypatch.setattr(xlsx, "_HELPER_ROWS", 10)
+    parent, log = os.getpid(), tmp_path / "encoded_by"
+    encode = xlsx._Rows.encode
+
+    def traced(self, lo, hi):
+        with open(log, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        if os.getpid() != parent and helper_fate == "dies" and log.read_text().count("\n") > 3:
+            os._exit(1)
+        if os.getpid() != parent and helper_fate == "fails" and lo % 128 == 0:
+            raise RuntimeError("helper failure")
+        return encode(self, lo, hi)
+
+    monkeypatch.setattr(xlsx._Rows, "encode", traced)
+    shared = _write(tmp_path / "shared.xlsx", header, cols, styles)
+    assert shared == alone
+    pids = log.read_text().split()
+    assert str(parent) in pids and len(set(pids)) >= 2, "the helper encoded no chunk"
+
+

@@ -57,7 +57,7 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
         diag = None
         if auto_analyze:
             noise = noise_floor(bench, bench2, workers=workers, align=align) if bench2 else None
-            diag = diagnose(result, noise)
+            diag = lambda: diagnose(result, noise)    # noqa: E731  (run beside the rows)
         paths = write_report(result, output_path, kwargs.get("tag", ""), diag, bench2)
     if verbose:
         for note in result.notes:

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import verdict as vd
 from .construct import load_modules
+from .forked import Forked
 from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
 from .reader import DumpMeta, read_dump
@@ -99,25 +100,14 @@ _PARALLEL_READ_BYTES = 16 << 20     # read the bench side in a helper process fr
 def read_sides(npu_json: str, bench_json: str) -> tuple[Side, Side]:
     """Both sides; a big bench dump is read by a forked helper meanwhile (decoding JSON
     is most of a big compare's reading and the two files are independent)."""
-    pool = None
-    if (hasattr(os, "fork") and (os.cpu_count() or 1) >= 2
-            and _size(npu_json) + _size(bench_json) >= _PARALLEL_READ_BYTES):
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-        try:
-            pool = ProcessPoolExecutor(1, mp_context=mp.get_context("fork"))
-            future = pool.submit(_read_packed, bench_json)
-        except OSError:
-            pool = None
+    big = _size(npu_json) + _size(bench_json) >= _PARALLEL_READ_BYTES
+    bench = Forked(lambda: _read_packed(bench_json), enabled=big)
     try:
         npu = read_side(npu_json)
-        if pool is None:
-            return npu, read_side(bench_json)
-        packed = future.result()
-    finally:
-        if pool is not None:
-            pool.shutdown()
-    return npu, _unpack(packed)
+    except BaseException:
+        bench.cancel()
+        raise
+    return npu, _unpack(bench.result())
 
 
 def _size(path: str) -> int:

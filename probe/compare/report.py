@@ -10,6 +10,7 @@ from collections import Counter
 
 from .engine import PERCENT_COLUMNS, CompareResult, load_stacks
 from . import summary_json
+from .forked import Forked
 from .xlsx import LineChart, Sheet, write_workbook
 
 _WIDTHS = {"NPU Name": 48, "Bench Name": 48, "Err_message": 70, "NPU_Stack_Info": 70,
@@ -159,9 +160,24 @@ def diagnosis_lines(summary: dict) -> list:
     return lines
 
 
+_FORK_ROWS = 50_000        # from this many rows on, the diagnosis runs beside the row writing
+
+
+def _analysis(result, diag, bench2_path):
+    """What the report takes from a diagnosis: the summary digest and the Diagnosis sheet
+    (plain data: cheap to send back from a forked child)."""
+    diag = diag() if callable(diag) else diag
+    return summary_json.build(result, diag, bench2_path), diagnosis_sheet(diag)
+
+
 def write_report(result: CompareResult, output_path: str, tag: str = "", diag=None,
                  bench2_path: str | None = None) -> list:
-    """Write xlsx + csv (+ compare_summary json with a diagnosis); return their paths."""
+    """Write xlsx + csv (+ compare_summary json with a diagnosis); return their paths.
+
+    ``diag``: a Diagnosis, or a function that makes one; for a big result the function
+    runs in a forked process while this one writes the rows (both are pure Python, and
+    the rows need no diagnosis).
+    """
     stem = output_stem(output_path, tag)
     cols = result.columns
     header = list(cols)
@@ -170,19 +186,24 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
     main = Sheet("compare_result", header, [cols[h] for h in header], styles, _widths(header, cols),
                  {h for h in header if h in PERCENT_COLUMNS and result.mode == "statistics"},
                  csv_path=csv_path)
-    lines = summary_rows(result)
-    sheets = [main]
-    digest = None
+    analysis = None
     if diag is not None:
-        digest = summary_json.build(result, diag, bench2_path)
-        lines += diagnosis_lines(digest)
-    summary = Sheet.from_rows("Summary", ["Item", "Value"], lines, None, [40, 110],
-                              freeze_header=False, autofilter=False)
-    sheets.append(summary)
-    if diag is not None:
-        sheets.append(diagnosis_sheet(diag))
-        n = len(diag.calls)
-        if n:
+        analysis = Forked(lambda: _analysis(result, diag, bench2_path),
+                          enabled=callable(diag) and result.n_rows >= _FORK_ROWS)
+    digest = []
+
+    def sheets():
+        yield main
+        lines = summary_rows(result)
+        diag_sheet = None
+        if analysis is not None:
+            d, diag_sheet = analysis.result()
+            digest.append(d)
+            lines += diagnosis_lines(d)
+        summary = Sheet.from_rows("Summary", ["Item", "Value"], lines, None, [40, 110],
+                                  freeze_header=False, autofilter=False)
+        if diag_sheet is not None and diag_sheet.columns[0]:
+            n = len(diag_sheet.columns[0])
             col = DIAG_HEADER.index
             summary.charts.append(LineChart(
                 "Error along the call sequence (log scale; gaps = no error)",
@@ -190,13 +211,21 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
                 [("output error", "Diagnosis", col("Plot Output Error"), 2, n + 1),
                  ("input error", "Diagnosis", col("Plot Input Error"), 2, n + 1)],
                 anchor=(3, 1, 18, 30), x_title="call # (Diagnosis sheet)",
-                y_title=digest["error_measure"], log_y=True))
-    write_workbook(xlsx_path, sheets)         # the CSV too, with the main sheet
+                y_title=d["error_measure"], log_y=True))
+        yield summary
+        if diag_sheet is not None:
+            yield diag_sheet
+
+    try:
+        write_workbook(xlsx_path, sheets())       # the CSV too, with the main sheet
+    finally:
+        if analysis is not None:
+            analysis.cancel()
     paths = [xlsx_path, csv_path]
-    if digest is not None:
+    if digest:
         d, base = os.path.split(stem)
         json_path = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
-        summary_json.write(json_path, digest)
+        summary_json.write(json_path, digest[0])
         paths.append(json_path)
         # a fixed name for scripts and CI: the latest run's summary (atomic: ranks may race)
         latest = os.path.join(d, "compare_summary.json")

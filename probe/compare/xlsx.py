@@ -145,13 +145,11 @@ def _body(value) -> str:
     return _text_body(str(value))
 
 
-def encode_column(col: list, float_texts: list | None = None,
-                  sst: SharedStrings | None = None) -> tuple[list, list]:
+def encode_column(col: list, sst: SharedStrings | None = None) -> tuple[list, list]:
     """(cell bodies, CSV fields) of one column, worked out per column type, not per cell.
 
     Each float is formatted once (repr: what csv.writer writes too) for both files;
-    strings are escaped in one pass over the joined column (``float_texts``: the reprs,
-    worked out by a helper process, see _FloatTexts).  Cells and fields are what
+    strings are escaped in one pass over the joined column.  Cells and fields are what
     ``_body`` and ``_csv_field`` give for each value, which odd (mixed) columns still use;
     with ``sst``, texts that repeat in the column are shared strings instead.
     """
@@ -161,7 +159,7 @@ def encode_column(col: list, float_texts: list | None = None,
     if not kinds:
         return [_EMPTY] * len(col), [""] * len(col)
     if kinds == {float}:
-        texts = float_texts if float_texts is not None else list(map(repr, col))
+        texts = list(map(repr, col))
         bodies = list(map(_NUM.__mod__, texts))
         bad = np.flatnonzero(~np.isfinite(np.array(col, dtype=np.float64)))   # None -> NaN
         for k in bad.tolist():
@@ -199,14 +197,14 @@ def _constant(col: list) -> bool:
     return False
 
 
-def _finite_floats(col: list, float_texts: list | None):
+def _finite_floats(col: list):
     """The reprs of a column of finite floats only (the cells' ``<v>`` texts, the CSV's
     fields), or None for any other column."""
     if not col or type(col[0]) is not float or set(map(type, col)) != {float}:
         return None
     if not np.isfinite(np.array(col, dtype=np.float64)).all():
         return None
-    return float_texts if float_texts is not None else list(map(repr, col))
+    return list(map(repr, col))
 
 
 def _repeats(col: list) -> bool:
@@ -298,60 +296,147 @@ def _prefixes(sheet: Sheet) -> list:
     return out
 
 
-_FLOAT_ROWS = 50_000          # from this many rows on, floats are formatted by a helper process
-_SHARED: list = []            # float columns handed to the forked helper (copy-on-write)
+class _Rows:
+    """Encodes rows lo..hi of one sheet: (the sheet XML of those rows, their CSV text).
+
+    Built before the helper forks, which gets it with the fork; every shared string of
+    the sheet is registered here first (column by column), so any process can encode any
+    chunk and get the same cells."""
+
+    def __init__(self, sheet: Sheet, sst: SharedStrings | None):
+        self.columns, self.styles = sheet.columns, sheet.row_styles
+        self.prefixes = _prefixes(sheet)
+        self.shared = [sst if sst is not None and _repeats(c) else None for c in sheet.columns]
+        self.csv = sheet.csv_path is not None
+        for col, table in zip(self.columns, self.shared):
+            if table is not None:
+                for v in dict.fromkeys(col):
+                    if type(v) is str:
+                        table.body(v)
+
+    def encode(self, lo: int, hi: int) -> tuple[bytes, str]:
+        m = hi - lo
+        enc, kind = [], []              # kind: 0 cell bodies, 1 float texts, 2 one body
+        for k, c in enumerate(self.columns):
+            chunk = c[lo:hi]
+            if _constant(chunk):
+                body, field = encode_column(chunk[:1], self.shared[k])
+                enc.append((body[0], [field[0]] * m))
+                kind.append(2)
+                continue
+            plain = _finite_floats(chunk)
+            kind.append(1 if plain is not None else 0)
+            enc.append((plain, plain) if plain is not None else encode_column(chunk, self.shared[k]))
+        # one join over the cells in row order: "<row r=..>", prefix, body, ..., "</row>";
+        # a column of finite floats gives just the numbers' texts, its "><v>" and
+        # "</v></c>" going with the prefixes around them; a column of one value goes
+        # whole into the (per row style) text before the next column
+        st = self.styles[lo:hi] if self.styles else [None] * m
+        seqs = [[f'<row r="{r}">' for r in range(lo + 2, hi + 2)]]
+        pending = dict.fromkeys(FILLS, "")
+        prev_raw = False
+        for pre, (bodies, _), kd in zip(self.prefixes, enc, kind):
+            lead, tail = ("</v></c>" if prev_raw else ""), ("><v>" if kd == 1 else "")
+            full = {style: pending[style] + lead + p + tail for style, p in pre.items()}
+            if kd == 2:
+                pending = {style: t + bodies for style, t in full.items()}
+            else:
+                seqs.append(list(map(full.__getitem__, st)))
+                seqs.append(bodies)
+                pending = dict.fromkeys(FILLS, "")
+            prev_raw = kd == 1
+        end = {style: t + ("</v></c>" if prev_raw else "") + "</row>"
+               for style, t in pending.items()}
+        seqs.append(list(map(end.__getitem__, st)))
+        xml = "".join(chain.from_iterable(zip(*seqs))).encode("utf-8")
+        text = "\r\n".join(map(",".join, zip(*[f for _, f in enc]))) + "\r\n" if self.csv else ""
+        return xml, text
 
 
-def _format_floats(lo: int, hi: int) -> list:
-    """Helper process: repr of rows lo..hi of each shared float column, NUL-joined."""
-    return ["\x00".join(map(repr, a[lo:hi].tolist())) for a in _SHARED]
+_HELPER_ROWS = 50_000   # from this many rows on, a forked helper encodes chunks too
+_AHEAD = 16             # encoded chunks held back at most, waiting for an earlier one
 
 
-class _FloatTexts:
-    """Float reprs (the dearest part of the report: ~1 us each, millions of them) made by
-    a forked helper process, chunk by chunk ahead of the writer, on the other core."""
+def _helper(rows: _Rows, n: int, counter, conn):
+    """Helper process: claim the next chunk, encode it, send it; until none is left."""
+    try:
+        while True:
+            with counter.get_lock():
+                lo = counter.value
+                counter.value = lo + _CHUNK_ROWS
+            if lo >= n:
+                break
+            try:
+                data = rows.encode(lo, min(n, lo + _CHUNK_ROWS))
+            except BaseException:            # the writer encodes it and sees the error
+                data = None
+            conn.send((lo, data))
+    finally:
+        conn.close()
 
-    def __init__(self, columns: list, n: int):
-        self.index, self.futures, self.pool = {}, {}, None
-        if n < _FLOAT_ROWS or (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
-            return
-        n_float = 0
-        for c, col in enumerate(columns):
-            kinds = set(map(type, col))
-            if kinds <= {float, _NONE_TYPE} and float in kinds:
-                n_float += 1
-                if n_float % 6 == 0:        # every 6th float column: this process (balance)
-                    continue
-                self.index[c] = len(_SHARED)
-                _SHARED.append(np.array(col, dtype=np.float64))
-        if not self.index:
+
+class _Chunks:
+    """The encoded chunks of a sheet in row order.  Big sheets are shared with a forked
+    helper process (pure-Python encoding holds the GIL: only a second process puts the
+    second core to work): each process claims the next unclaimed chunk, so the load
+    balances itself whatever else runs on that core.  If the helper dies, or fails on a
+    chunk, this process encodes what is missing."""
+
+    def __init__(self, rows: _Rows, n: int):
+        self.rows, self.n = rows, n
+        self.proc = self.conn = self.counter = None
+        self.done: dict = {}                     # lo -> (xml, csv), encoded ahead
+        if n < _HELPER_ROWS or (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
             return
         import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+        ctx = mp.get_context("fork")
         try:
-            self.pool = ProcessPoolExecutor(1, mp_context=mp.get_context("fork"))
-            for lo in range(0, n, _CHUNK_ROWS):
-                self.futures[lo] = self.pool.submit(_format_floats, lo, min(n, lo + _CHUNK_ROWS))
-        except OSError:                     # no processes to be had: format in this one
-            self.close()
-        finally:
-            _SHARED.clear()                 # the helper has its copy from the fork
+            self.counter = ctx.Value("q", 0)
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_helper, args=(rows, n, self.counter, send), daemon=True)
+            proc.start()
+        except OSError:                          # no process to be had: all encoded here
+            self.counter = None
+            return
+        send.close()
+        self.proc, self.conn = proc, recv
 
-    def get(self, lo: int) -> list:
-        """Per column of the sheet: the reprs of the chunk starting at row lo, or None."""
-        fut = self.futures.pop(lo, None)
-        if fut is None:
-            return [None] * (max(self.index, default=-1) + 1)
-        joined = fut.result()
-        out = [None] * (max(self.index) + 1)
-        for c, k in self.index.items():
-            out[c] = joined[k].split("\x00")
-        return out
+    def _claim(self) -> int:
+        with self.counter.get_lock():
+            lo = self.counter.value
+            self.counter.value = lo + _CHUNK_ROWS
+        return lo
+
+    def _receive(self, block: bool) -> None:
+        """Take what the helper has sent (None for a chunk it failed on: ours to do)."""
+        try:
+            while block or self.conn.poll():
+                lo, data = self.conn.recv()
+                self.done[lo] = data
+                block = False
+        except (EOFError, OSError):              # the helper is gone: the rest is ours
+            self.close()
+
+    def __iter__(self):
+        for lo in range(0, self.n, _CHUNK_ROWS):
+            while self.proc is not None and lo not in self.done:
+                self._receive(block=False)
+                if lo in self.done:
+                    break
+                mine = self._claim() if len(self.done) < _AHEAD else self.n
+                if mine < self.n:
+                    self.done[mine] = self.rows.encode(mine, min(self.n, mine + _CHUNK_ROWS))
+                else:                            # the helper has chunk lo in hand
+                    self._receive(block=True)
+            data = self.done.pop(lo, None)
+            yield data if data is not None else self.rows.encode(lo, min(self.n, lo + _CHUNK_ROWS))
 
     def close(self):
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
-            self.pool, self.futures = None, {}
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.join()
+            self.conn.close()
+            self.proc = self.conn = None
 
 
 class _Pump:
@@ -404,58 +489,18 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
         parts.append("</row>")
         fh.write("".join(parts).encode("utf-8"))
         n = len(sheet.columns[0]) if sheet.columns else 0
-        prefixes = _prefixes(sheet)
-        shared = [sst if sst is not None and _repeats(c) else None for c in sheet.columns]
-        styles = sheet.row_styles
         csv_fh = open(sheet.csv_path, "w", newline="", encoding="utf-8") if sheet.csv_path else None
-        floats = _FloatTexts(sheet.columns, n)          # before the pump thread: it forks
+        chunks = _Chunks(_Rows(sheet, sst), n)          # before the pump thread: it forks
         out = _Pump(fh) if n > _CHUNK_ROWS else fh
         try:
             if csv_fh:
                 csv.writer(csv_fh).writerow(sheet.header)
-            for lo in range(0, n, _CHUNK_ROWS):
-                hi = min(n, lo + _CHUNK_ROWS)
-                texts = floats.get(lo)
-                m = hi - lo
-                enc, kind = [], []              # kind: 0 cell bodies, 1 float texts, 2 one body
-                for k, c in enumerate(sheet.columns):
-                    chunk, ft = c[lo:hi], (texts[k] if k < len(texts) else None)
-                    if _constant(chunk):
-                        body, field = encode_column(chunk[:1], None, shared[k])
-                        enc.append((body[0], [field[0]] * m))
-                        kind.append(2)
-                        continue
-                    plain = _finite_floats(chunk, ft)
-                    kind.append(1 if plain is not None else 0)
-                    enc.append((plain, plain) if plain is not None else
-                               encode_column(chunk, ft, shared[k]))
-                # one join over the cells in row order: "<row r=..>", prefix, body, ..., "</row>";
-                # a column of finite floats gives just the numbers' texts, its "><v>" and
-                # "</v></c>" going with the prefixes around them; a column of one value goes
-                # whole into the (per row style) text before the next column
-                st = styles[lo:hi] if styles else [None] * m
-                seqs = [[f'<row r="{r}">' for r in range(lo + 2, hi + 2)]]
-                pending = dict.fromkeys(FILLS, "")
-                prev_raw = False
-                for pre, (bodies, _), kd in zip(prefixes, enc, kind):
-                    lead, tail = ("</v></c>" if prev_raw else ""), ("><v>" if kd == 1 else "")
-                    full = {style: pending[style] + lead + p + tail for style, p in pre.items()}
-                    if kd == 2:
-                        pending = {style: t + bodies for style, t in full.items()}
-                    else:
-                        seqs.append(list(map(full.__getitem__, st)))
-                        seqs.append(bodies)
-                        pending = dict.fromkeys(FILLS, "")
-                    prev_raw = kd == 1
-                end = {style: t + ("</v></c>" if prev_raw else "") + "</row>"
-                       for style, t in pending.items()}
-                seqs.append(list(map(end.__getitem__, st)))
-                out.write("".join(chain.from_iterable(zip(*seqs))).encode("utf-8"))
+            for xml, text in chunks:
+                out.write(xml)
                 if csv_fh:
-                    lines = map(",".join, zip(*[f for _, f in enc]))
-                    csv_fh.write("\r\n".join(lines) + "\r\n")
+                    csv_fh.write(text)
         finally:
-            floats.close()
+            chunks.close()
             if out is not fh:
                 out.close()
             if csv_fh:
@@ -573,54 +618,62 @@ def _write_charts(zf: zipfile.ZipFile, sheets: list) -> list:
     return overrides
 
 
-def write_workbook(path: str, sheets: list) -> None:
-    """Write ``sheets`` (list of Sheet) to ``path``."""
+def write_workbook(path: str, sheets) -> None:
+    """Write ``sheets`` (Sheet objects, or an iterator that makes them one at a time: the
+    first can be written while the later ones are still being worked out) to ``path``."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-        n = len(sheets)
-        chart_types = _write_charts(zf, sheets)
-        zf.writestr("[Content_Types].xml",
-                    '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
-                    '<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
-                    '<Default Extension="rels" ContentType="application/vnd.openxmlformats-package.relationships+xml"/>'
-                    '<Default Extension="xml" ContentType="application/xml"/>'
-                    '<Override PartName="/xl/workbook.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.sheet.main+xml"/>'
-                    '<Override PartName="/xl/styles.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.styles+xml"/>'
-                    '<Override PartName="/xl/sharedStrings.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.sharedStrings+xml"/>'
-                    + "".join(f'<Override PartName="/xl/worksheets/sheet{i + 1}.xml" ContentType='
-                              f'"application/vnd.openxmlformats-officedocument.spreadsheetml.worksheet+xml"/>'
-                              for i in range(n))
-                    + "".join(f'<Override PartName="{p}" ContentType="{t}"/>' for p, t in chart_types)
-                    + "</Types>")
-        zf.writestr("_rels/.rels",
-                    '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
-                    '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
-                    '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
-                    'relationships/officeDocument" Target="xl/workbook.xml"/></Relationships>')
-        names = "".join(f'<sheet name="{_esc(s.name)}" sheetId="{i + 1}" r:id="rId{i + 1}"/>'
-                        for i, s in enumerate(sheets))
-        defined = "".join(
-            f'<definedName name="_xlnm._FilterDatabase" localSheetId="{i}" hidden="1">'
-            f"'{_esc(s.name)}'!$A$1:${_col_letter(len(s.header) - 1)}$1</definedName>"
-            for i, s in enumerate(sheets) if s.autofilter and s.header)
-        zf.writestr("xl/workbook.xml",
-                    '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
-                    '<workbook xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" '
-                    'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships">'
-                    f"<sheets>{names}</sheets>"
-                    + (f"<definedNames>{defined}</definedNames>" if defined else "") + "</workbook>")
-        zf.writestr("xl/_rels/workbook.xml.rels",
-                    '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
-                    '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
-                    + "".join(f'<Relationship Id="rId{i + 1}" Type="http://schemas.openxmlformats.org/'
-                              f'officeDocument/2006/relationships/worksheet" Target="worksheets/sheet{i + 1}.xml"/>'
-                              for i in range(n))
-                    + f'<Relationship Id="rId{n + 1}" Type="http://schemas.openxmlformats.org/'
-                      f'officeDocument/2006/relationships/styles" Target="styles.xml"/>'
-                    + f'<Relationship Id="rId{n + 2}" Type="http://schemas.openxmlformats.org/'
-                      f'officeDocument/2006/relationships/sharedStrings" Target="sharedStrings.xml"/>'
-                      '</Relationships>')
-        zf.writestr("xl/styles.xml", _styles())
         sst = SharedStrings()
-        for i, sheet in enumerate(sheets):
-            _write_sheet(zf, i + 1, sheet, sst)
+        done = []
+        for sheet in sheets:
+            done.append(sheet)
+            _write_sheet(zf, len(done), sheet, sst)
         zf.writestr("xl/sharedStrings.xml", sst.xml())
+        _write_parts(zf, done)
+
+
+def _write_parts(zf: zipfile.ZipFile, sheets: list) -> None:
+    """Everything but the sheets and the shared strings: charts, workbook, styles, rels."""
+    n = len(sheets)
+    chart_types = _write_charts(zf, sheets)
+    zf.writestr("[Content_Types].xml",
+                '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+                '<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
+                '<Default Extension="rels" ContentType="application/vnd.openxmlformats-package.relationships+xml"/>'
+                '<Default Extension="xml" ContentType="application/xml"/>'
+                '<Override PartName="/xl/workbook.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.sheet.main+xml"/>'
+                '<Override PartName="/xl/styles.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.styles+xml"/>'
+                '<Override PartName="/xl/sharedStrings.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.sharedStrings+xml"/>'
+                + "".join(f'<Override PartName="/xl/worksheets/sheet{i + 1}.xml" ContentType='
+                          f'"application/vnd.openxmlformats-officedocument.spreadsheetml.worksheet+xml"/>'
+                          for i in range(n))
+                + "".join(f'<Override PartName="{p}" ContentType="{t}"/>' for p, t in chart_types)
+                + "</Types>")
+    zf.writestr("_rels/.rels",
+                '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+                '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
+                '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
+                'relationships/officeDocument" Target="xl/workbook.xml"/></Relationships>')
+    names = "".join(f'<sheet name="{_esc(s.name)}" sheetId="{i + 1}" r:id="rId{i + 1}"/>'
+                    for i, s in enumerate(sheets))
+    defined = "".join(
+        f'<definedName name="_xlnm._FilterDatabase" localSheetId="{i}" hidden="1">'
+        f"'{_esc(s.name)}'!$A$1:${_col_letter(len(s.header) - 1)}$1</definedName>"
+        for i, s in enumerate(sheets) if s.autofilter and s.header)
+    zf.writestr("xl/workbook.xml",
+                '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+                '<workbook xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" '
+                'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships">'
+                f"<sheets>{names}</sheets>"
+                + (f"<definedNames>{defined}</definedNames>" if defined else "") + "</workbook>")
+    zf.writestr("xl/_rels/workbook.xml.rels",
+                '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+                '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
+                + "".join(f'<Relationship Id="rId{i + 1}" Type="http://schemas.openxmlformats.org/'
+                          f'officeDocument/2006/relationships/worksheet" Target="worksheets/sheet{i + 1}.xml"/>'
+                          for i in range(n))
+                + f'<Relationship Id="rId{n + 1}" Type="http://schemas.openxmlformats.org/'
+                  f'officeDocument/2006/relationships/styles" Target="styles.xml"/>'
+                + f'<Relationship Id="rId{n + 2}" Type="http://schemas.openxmlformats.org/'
+                  f'officeDocument/2006/relationships/sharedStrings" Target="sharedStrings.xml"/>'
+                  '</Relationships>')
+    zf.writestr("xl/styles.xml", _styles())
