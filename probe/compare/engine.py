@@ -122,14 +122,19 @@ _ROW_FIELDS = Row.__slots__
 
 def _read_packed(path: str):
     """Helper process: a side with its rows as one list per field (pickles ~10x faster
-    than row objects; repeated strings and shapes are pickled once)."""
+    than row objects; repeated strings and shapes are pickled once), the statistics as
+    one float64 array (their bytes, not 1M float objects)."""
     side = read_side(path)
     rows, side.rows = side.rows, []
-    return side, [[getattr(r, f) for r in rows] for f in _ROW_FIELDS]
+    fields = [np.array([r.stats for r in rows], dtype=np.float64).reshape(-1, 4) if f == "stats"
+              else [getattr(r, f) for r in rows] for f in _ROW_FIELDS]
+    return side, fields
 
 
 def _unpack(packed) -> Side:
     side, fields = packed
+    k = _ROW_FIELDS.index("stats")
+    fields[k] = map(tuple, fields[k].tolist())
     side.rows = list(map(Row, *fields))
     return side
 

@@ -47,6 +47,7 @@ def _num(x) -> float:
 _TENSOR_TYPES = ("torch.Tensor", "numpy.ndarray")
 _PLAIN_TYPES = ("int", "float", "bool", "str")
 _shapes: dict = {}          # one tuple per distinct shape, shared by all rows that have it
+_dtypes: dict = {}          # one string per distinct dtype (smaller to pickle and to hold)
 
 
 def _leaf(name, entry, io, data) -> Row:
@@ -58,12 +59,13 @@ def _leaf(name, entry, io, data) -> Row:
                  mean if type(mean) is float else _num(mean),
                  norm if type(norm) is float else _num(norm))
         dtype = get("dtype")
+        dtype = _dtypes.setdefault(dtype, dtype) if type(dtype) is str else str(dtype)
         shape = tuple(get("shape") or ())
         try:
             shape = _shapes.setdefault(shape, shape)
         except TypeError:       # a malformed (nested) shape: not shared
             pass
-        return Row(name, entry, io, "tensor", dtype if type(dtype) is str else str(dtype), shape,
+        return Row(name, entry, io, "tensor", dtype, shape,
                    stats, get("requires_grad"), get("md5"), get("data_name") or None)
     value = get("value")
     if kind_type in _PLAIN_TYPES or kind_type is None:
