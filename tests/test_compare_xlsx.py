@@ -106,31 +106,46 @@ def _write(path, header, cols, styles, second_sheet=True):
         return [z.read(n) for n in sorted(z.namelist())], open(str(path) + ".csv", "rb").read()
 
 
-@pytest.mark.parametrize("helper_fate", ["works", "dies", "fails"])
-def test_chunks_from_the_helper_process_are_the_same(tmp_path, monkeypatch, helper_fate):
-    """A big sheet is encoded by this process and a forked helper, chunk by chunk; the
-    file is the same as one process alone makes, also when the helper dies or raises."""
+@pytest.mark.parametrize("worker_fate", ["works", "dies", "fails"])
+def test_chunks_from_the_worker_process_are_the_same(tmp_path, monkeypatch, worker_fate):
+    """A big sheet is encoded by this process and a worker process, chunk by chunk; the
+    file is the same as one process alone makes, also when the worker dies or fails."""
     from probe.compare import xlsx
     header, cols, styles = _rows_sheet(1000)
     monkeypatch.setattr(xlsx, "_CHUNK_ROWS", 64)
     alone = _write(tmp_path / "alone.xlsx", header, cols, styles)
     monkeypatch.setattr(xlsx, "_HELPER_ROWS", 10)
-    parent, log = os.getpid(), tmp_path / "encoded_by"
-    encode = xlsx._Rows.encode
+    here, back = [], []
+    encode, chunk, collect = xlsx._Rows.encode, xlsx._Rows.chunk, xlsx._Chunks._collect
 
-    def traced(self, lo, hi):
-        with open(log, "a") as fh:
-            fh.write(f"{os.getpid()}\n")
-        if os.getpid() != parent and helper_fate == "dies" and log.read_text().count("\n") > 3:
-            os._exit(1)
-        if os.getpid() != parent and helper_fate == "fails" and lo % 128 == 0:
-            raise RuntimeError("helper failure")
+    def encode_here(self, lo, hi):
+        here.append(lo)
         return encode(self, lo, hi)
 
-    monkeypatch.setattr(xlsx._Rows, "encode", traced)
+    def chunk_sent(self, lo, hi):
+        columns, st, first = chunk(self, lo, hi)
+        if worker_fate == "fails" and lo % 128 == 0:     # a text the worker cannot look up
+            columns[4] = ["not a registered shared string"] + columns[4][1:]
+        return columns, st, first
+
+    def collected(self, block):
+        had = set(self.done)
+        collect(self, block)
+        back.extend(k for k, v in self.done.items() if k not in had and v is not None)
+        if worker_fate == "dies" and back and self.proc is not None:
+            self.proc.kill()
+
+    monkeypatch.setattr(xlsx._Rows, "encode", encode_here)
+    monkeypatch.setattr(xlsx._Rows, "chunk", chunk_sent)
+    monkeypatch.setattr(xlsx._Chunks, "_collect", collected)
     shared = _write(tmp_path / "shared.xlsx", header, cols, styles)
     assert shared == alone
-    pids = log.read_text().split()
-    assert str(parent) in pids and len(set(pids)) >= 2, "the helper encoded no chunk"
+    n_chunks = 2 * len(range(0, 1000, 64))                  # two sheets
+    assert back, "the worker encoded no chunk"
+    assert sorted(here + back) == sorted(2 * list(range(0, 1000, 64))), (here, back)
+    if worker_fate == "fails":
+        assert not any(lo % 128 == 0 for lo in back) and len(here) > n_chunks // 2
+    if worker_fate == "dies":
+        assert len(back) < n_chunks // 2
 
 

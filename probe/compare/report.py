@@ -10,7 +10,6 @@ from collections import Counter
 
 from .engine import PERCENT_COLUMNS, CompareResult, load_stacks
 from . import summary_json
-from .forked import Forked
 from .xlsx import LineChart, Sheet, write_workbook
 
 _WIDTHS = {"NPU Name": 48, "Bench Name": 48, "Err_message": 70, "NPU_Stack_Info": 70,
@@ -160,12 +159,21 @@ def diagnosis_lines(summary: dict) -> list:
     return lines
 
 
-_FORK_ROWS = 50_000        # from this many rows on, the diagnosis runs beside the row writing
+_THREAD_ROWS = 50_000      # from this many rows on, the diagnosis runs beside the row writing
+
+
+class _Done:
+    """A finished future."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
 
 
 def _analysis(result, diag, bench2_path):
-    """What the report takes from a diagnosis: the summary digest and the Diagnosis sheet
-    (plain data: cheap to send back from a forked child)."""
+    """What the report takes from a diagnosis: the summary digest and the Diagnosis sheet."""
     diag = diag() if callable(diag) else diag
     return summary_json.build(result, diag, bench2_path), diagnosis_sheet(diag)
 
@@ -175,8 +183,10 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
     """Write xlsx + csv (+ compare_summary json with a diagnosis); return their paths.
 
     ``diag``: a Diagnosis, or a function that makes one; for a big result the function
-    runs in a forked process while this one writes the rows (both are pure Python, and
-    the rows need no diagnosis).
+    runs in a thread while the rows are written.  Both are pure Python and share the
+    GIL, but a big sheet is encoded by a helper process too, which takes more chunks
+    while this process diagnoses (see xlsx._Chunks): the second core works without a
+    third process holding its own copy of the rows.
     """
     stem = output_stem(output_path, tag)
     cols = result.columns
@@ -186,10 +196,13 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
     main = Sheet("compare_result", header, [cols[h] for h in header], styles, _widths(header, cols),
                  {h for h in header if h in PERCENT_COLUMNS and result.mode == "statistics"},
                  csv_path=csv_path)
-    analysis = None
-    if diag is not None:
-        analysis = Forked(lambda: _analysis(result, diag, bench2_path),
-                          enabled=callable(diag) and result.n_rows >= _FORK_ROWS)
+    analysis = pool = None
+    if diag is not None and callable(diag) and result.n_rows >= _THREAD_ROWS:
+        from concurrent.futures import ThreadPoolExecutor
+        pool = ThreadPoolExecutor(1, thread_name_prefix="probe-diagnosis")
+        analysis = pool.submit(_analysis, result, diag, bench2_path)
+    elif diag is not None:
+        analysis = _Done(_analysis(result, diag, bench2_path))
     digest = []
 
     def sheets():
@@ -219,8 +232,8 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
     try:
         write_workbook(xlsx_path, sheets())       # the CSV too, with the main sheet
     finally:
-        if analysis is not None:
-            analysis.cancel()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     paths = [xlsx_path, csv_path]
     if digest:
         d, base = os.path.split(stem)

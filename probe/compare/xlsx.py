@@ -9,9 +9,13 @@ widths, which fit in a few hundred lines of SpreadsheetML.  openpyxl reads the r
 from __future__ import annotations
 
 import csv
+import io
 import os
+import pickle
 import queue
 import re
+import struct
+import sys
 import threading
 import zipfile
 from itertools import chain
@@ -296,12 +300,23 @@ def _prefixes(sheet: Sheet) -> list:
     return out
 
 
-class _Rows:
-    """Encodes rows lo..hi of one sheet: (the sheet XML of those rows, their CSV text).
+class _FrozenStrings:
+    """The shared strings as the worker process sees them: lookups only.  A text the
+    parent did not register is an error there (that chunk is then encoded by the parent),
+    never a new index that the parent's table would not have."""
 
-    Built before the helper forks, which gets it with the fork; every shared string of
-    the sheet is registered here first (column by column), so any process can encode any
-    chunk and get the same cells."""
+    def __init__(self, cells: dict):
+        self.cells = cells
+
+    def body(self, text: str) -> str:
+        return self.cells[text]
+
+
+class _Rows:
+    """Encodes rows lo..hi of one sheet: (the sheet XML of those rows, their CSV bytes).
+
+    Every shared string of the sheet is registered first (column by column), so a chunk
+    encodes to the same cells in this process and in the worker process."""
 
     def __init__(self, sheet: Sheet, sst: SharedStrings | None):
         self.columns, self.styles = sheet.columns, sheet.row_styles
@@ -314,129 +329,204 @@ class _Rows:
                     if type(v) is str:
                         table.body(v)
 
-    def encode(self, lo: int, hi: int) -> tuple[bytes, str]:
-        m = hi - lo
-        enc, kind = [], []              # kind: 0 cell bodies, 1 float texts, 2 one body
-        for k, c in enumerate(self.columns):
-            chunk = c[lo:hi]
-            if _constant(chunk):
-                body, field = encode_column(chunk[:1], self.shared[k])
-                enc.append((body[0], [field[0]] * m))
-                kind.append(2)
-                continue
-            plain = _finite_floats(chunk)
-            kind.append(1 if plain is not None else 0)
-            enc.append((plain, plain) if plain is not None else encode_column(chunk, self.shared[k]))
-        # one join over the cells in row order: "<row r=..>", prefix, body, ..., "</row>";
-        # a column of finite floats gives just the numbers' texts, its "><v>" and
-        # "</v></c>" going with the prefixes around them; a column of one value goes
-        # whole into the (per row style) text before the next column
-        st = self.styles[lo:hi] if self.styles else [None] * m
-        seqs = [[f'<row r="{r}">' for r in range(lo + 2, hi + 2)]]
-        pending = dict.fromkeys(FILLS, "")
-        prev_raw = False
-        for pre, (bodies, _), kd in zip(self.prefixes, enc, kind):
-            lead, tail = ("</v></c>" if prev_raw else ""), ("><v>" if kd == 1 else "")
-            full = {style: pending[style] + lead + p + tail for style, p in pre.items()}
-            if kd == 2:
-                pending = {style: t + bodies for style, t in full.items()}
-            else:
-                seqs.append(list(map(full.__getitem__, st)))
-                seqs.append(bodies)
-                pending = dict.fromkeys(FILLS, "")
-            prev_raw = kd == 1
-        end = {style: t + ("</v></c>" if prev_raw else "") + "</row>"
-               for style, t in pending.items()}
-        seqs.append(list(map(end.__getitem__, st)))
-        xml = "".join(chain.from_iterable(zip(*seqs))).encode("utf-8")
-        text = "\r\n".join(map(",".join, zip(*[f for _, f in enc]))) + "\r\n" if self.csv else ""
-        return xml, text
+    def state(self) -> tuple:
+        """What the worker needs besides the rows (see xlsx_worker)."""
+        frozen = _FrozenStrings(next((t.cells for t in self.shared if t is not None), {}))
+        return self.prefixes, [None if t is None else frozen for t in self.shared], self.csv
+
+    def chunk(self, lo: int, hi: int) -> tuple:
+        """Rows lo..hi as sent to the worker: (columns, styles, lo)."""
+        return [c[lo:hi] for c in self.columns], (self.styles[lo:hi] if self.styles else None), lo
+
+    def encode(self, lo: int, hi: int) -> tuple[bytes, bytes]:
+        """Rows lo..hi encoded in this process."""
+        return encode_rows([c[lo:hi] for c in self.columns],
+                           self.styles[lo:hi] if self.styles else None, lo,
+                           self.prefixes, self.shared, self.csv)
 
 
-_HELPER_ROWS = 50_000   # from this many rows on, a forked helper encodes chunks too
-_AHEAD = 16             # encoded chunks held back at most, waiting for an earlier one
+def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, shared: list,
+                with_csv: bool) -> tuple[bytes, bytes]:
+    """Sheet XML and CSV of rows (``columns``: their values, one list per column; ``lo``:
+    the first one's index) in one join over the cells in row order: "<row r=..>", prefix,
+    body, ..., "</row>".  A column of finite floats gives just the numbers' texts, its
+    "><v>" and "</v></c>" going with the prefixes around them; a column of one value goes
+    whole into the (per row style) text before the next column."""
+    m = len(columns[0]) if columns else 0
+    enc, kind = [], []              # kind: 0 cell bodies, 1 float texts, 2 one body
+    for chunk, table in zip(columns, shared):
+        if _constant(chunk):
+            body, field = encode_column(chunk[:1], table)
+            enc.append((body[0], [field[0]] * m))
+            kind.append(2)
+            continue
+        plain = _finite_floats(chunk)
+        kind.append(1 if plain is not None else 0)
+        enc.append((plain, plain) if plain is not None else encode_column(chunk, table))
+    st = styles if styles else [None] * m
+    seqs = [[f'<row r="{r}">' for r in range(lo + 2, lo + m + 2)]]
+    pending = dict.fromkeys(FILLS, "")
+    prev_raw = False
+    for pre, (bodies, _), kd in zip(prefixes, enc, kind):
+        lead, tail = ("</v></c>" if prev_raw else ""), ("><v>" if kd == 1 else "")
+        full = {style: pending[style] + lead + p + tail for style, p in pre.items()}
+        if kd == 2:
+            pending = {style: t + bodies for style, t in full.items()}
+        else:
+            seqs.append(list(map(full.__getitem__, st)))
+            seqs.append(bodies)
+            pending = dict.fromkeys(FILLS, "")
+        prev_raw = kd == 1
+    end = {style: t + ("</v></c>" if prev_raw else "") + "</row>" for style, t in pending.items()}
+    seqs.append(list(map(end.__getitem__, st)))
+    xml = "".join(chain.from_iterable(zip(*seqs))).encode("utf-8")
+    text = ("\r\n".join(map(",".join, zip(*[f for _, f in enc]))) + "\r\n") if with_csv else ""
+    return xml, text.encode("utf-8")
 
 
-def _helper(rows: _Rows, n: int, counter, conn):
-    """Helper process: claim the next chunk, encode it, send it; until none is left."""
-    try:
-        while True:
-            with counter.get_lock():
-                lo = counter.value
-                counter.value = lo + _CHUNK_ROWS
-            if lo >= n:
-                break
-            try:
-                data = rows.encode(lo, min(n, lo + _CHUNK_ROWS))
-            except BaseException:            # the writer encodes it and sees the error
-                data = None
-            conn.send((lo, data))
-    finally:
-        conn.close()
+_HELPER_ROWS = 50_000   # from this many rows on, a worker process encodes chunks too
+_IN_FLIGHT = 3          # chunks handed to the worker and not yet back
+_AHEAD = 16             # chunks this process encodes ahead of the one it must write next
+_FRAME = struct.Struct("<qqq")     # worker -> writer: first row, XML bytes (-1: failed), CSV bytes
 
 
 class _Chunks:
-    """The encoded chunks of a sheet in row order.  Big sheets are shared with a forked
-    helper process (pure-Python encoding holds the GIL: only a second process puts the
-    second core to work): each process claims the next unclaimed chunk, so the load
-    balances itself whatever else runs on that core.  If the helper dies, or fails on a
-    chunk, this process encodes what is missing."""
+    """The encoded chunks of a sheet, in row order.
+
+    Encoding is pure Python and holds the GIL, so a big sheet is shared with a worker
+    process (``python -m probe.compare.xlsx_worker``): it is handed the next chunks in
+    order, two at a time, while this process encodes the chunks after them (or runs
+    whatever else this process has to do meanwhile, such as the diagnosis), so the load
+    balances itself.  A fresh process, not a fork: a fork's pages are shared
+    copy-on-write, and touching millions of objects on both sides would copy them all.
+    If the worker cannot start, dies or fails on a chunk, this process encodes it.
+    """
 
     def __init__(self, rows: _Rows, n: int):
         self.rows, self.n = rows, n
-        self.proc = self.conn = self.counter = None
-        self.done: dict = {}                     # lo -> (xml, csv), encoded ahead
-        if n < _HELPER_ROWS or (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
+        self.proc = None
+        self.done: dict = {}                     # lo -> (xml, csv), or None: encode here
+        self.in_flight: list = []                # chunks the worker has, in order
+        self.next = 0                            # first chunk nobody has taken
+        if n < _HELPER_ROWS or (os.cpu_count() or 1) < 2:
             return
-        import multiprocessing as mp
-        ctx = mp.get_context("fork")
+        import subprocess
         try:
-            self.counter = ctx.Value("q", 0)
-            recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_helper, args=(rows, n, self.counter, send), daemon=True)
-            proc.start()
-        except OSError:                          # no process to be had: all encoded here
-            self.counter = None
+            self.proc = subprocess.Popen([sys.executable, "-m", "probe.compare.xlsx_worker"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, bufsize=0)
+        except OSError:
             return
-        send.close()
-        self.proc, self.conn = proc, recv
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            _widen(pipe)
+        self.feed, self.results = queue.Queue(), queue.Queue()
+        self.feed.put(rows.state())
+        # one thread writes to the worker, one reads from it: the worker must never wait
+        # for this process to get round to its pipes (reading and writing release the GIL)
+        self.threads = [threading.Thread(target=self._feed, args=(self.proc.stdin,), daemon=True),
+                        threading.Thread(target=self._receive, args=(self.proc.stdout,), daemon=True)]
+        for t in self.threads:
+            t.start()
 
-    def _claim(self) -> int:
-        with self.counter.get_lock():
-            lo = self.counter.value
-            self.counter.value = lo + _CHUNK_ROWS
-        return lo
-
-    def _receive(self, block: bool) -> None:
-        """Take what the helper has sent (None for a chunk it failed on: ours to do)."""
+    def _feed(self, pipe):
         try:
-            while block or self.conn.poll():
-                lo, data = self.conn.recv()
-                self.done[lo] = data
-                block = False
-        except (EOFError, OSError):              # the helper is gone: the rest is ours
-            self.close()
+            while (item := self.feed.get()) is not None:
+                data = memoryview(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
+                while data:                      # few, big writes: each one gives up the
+                    data = data[pipe.write(data):]   # GIL and waits to get it back
+        except (OSError, ValueError):            # the worker is gone: _receive sees EOF
+            pass
+        finally:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+    def _receive(self, pipe):
+        """Worker's results -> self.results as (lo, (xml, csv) or None); None at its end."""
+        try:
+            while (head := _read_exact(pipe, _FRAME.size)) is not None:
+                lo, n_xml, n_csv = _FRAME.unpack(head)
+                if n_xml < 0:
+                    self.results.put((lo, None))
+                    continue
+                xml, text = _read_exact(pipe, n_xml), _read_exact(pipe, n_csv)
+                if xml is None or text is None:
+                    break
+                self.results.put((lo, (xml, text)))
+        except (OSError, ValueError):
+            pass
+        self.results.put(None)
+
+    def _hand_out(self):
+        while self.proc is not None and len(self.in_flight) < _IN_FLIGHT and self.next < self.n:
+            lo = self.next
+            self.next += _CHUNK_ROWS
+            self.in_flight.append(lo)
+            self.feed.put(self.rows.chunk(lo, min(self.n, lo + _CHUNK_ROWS)))
+
+    def _collect(self, block: bool):
+        """Take the worker's finished chunks (waiting for one if ``block``)."""
+        while self.proc is not None and self.in_flight:
+            try:
+                item = self.results.get(block)
+            except queue.Empty:
+                return
+            if item is None:
+                return self.close()              # the worker died: what it had is ours
+            lo, data = item
+            self.done[lo] = data
+            self.in_flight.remove(lo)
+            block = False
 
     def __iter__(self):
         for lo in range(0, self.n, _CHUNK_ROWS):
             while self.proc is not None and lo not in self.done:
-                self._receive(block=False)
+                self._collect(block=False)
+                self._hand_out()
                 if lo in self.done:
                     break
-                mine = self._claim() if len(self.done) < _AHEAD else self.n
-                if mine < self.n:
+                if lo not in self.in_flight or (self.next < self.n and len(self.done) < _AHEAD):
+                    mine = lo if lo not in self.in_flight else self.next
+                    if mine == self.next:
+                        self.next += _CHUNK_ROWS
                     self.done[mine] = self.rows.encode(mine, min(self.n, mine + _CHUNK_ROWS))
-                else:                            # the helper has chunk lo in hand
-                    self._receive(block=True)
+                else:
+                    self._collect(block=True)
             data = self.done.pop(lo, None)
             yield data if data is not None else self.rows.encode(lo, min(self.n, lo + _CHUNK_ROWS))
 
     def close(self):
         if self.proc is not None:
-            self.proc.terminate()
-            self.proc.join()
-            self.conn.close()
-            self.proc = self.conn = None
+            proc, self.proc = self.proc, None
+            self.feed.put(None)
+            proc.kill()
+            proc.wait()
+            for t in self.threads:
+                t.join()
+            proc.stdout.close()
+
+
+def _widen(pipe) -> None:
+    """A 1 MiB pipe buffer where Linux allows it (64 KiB otherwise): a chunk's XML then
+    crosses in a few reads, each of which gives up the GIL and waits to get it back."""
+    import fcntl
+    try:
+        fcntl.fcntl(pipe.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except OSError:
+        pass
+
+
+def _read_exact(pipe, size: int) -> bytes | None:
+    """``size`` bytes from an unbuffered pipe, or None at its end."""
+    buf = bytearray(size)
+    view, got = memoryview(buf), 0
+    while got < size:
+        k = pipe.readinto(view[got:])
+        if not k:
+            return None
+        got += k
+    return bytes(buf)
 
 
 class _Pump:
@@ -489,12 +579,14 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
         parts.append("</row>")
         fh.write("".join(parts).encode("utf-8"))
         n = len(sheet.columns[0]) if sheet.columns else 0
-        csv_fh = open(sheet.csv_path, "w", newline="", encoding="utf-8") if sheet.csv_path else None
-        chunks = _Chunks(_Rows(sheet, sst), n)          # before the pump thread: it forks
+        csv_fh = open(sheet.csv_path, "wb") if sheet.csv_path else None
+        chunks = _Chunks(_Rows(sheet, sst), n)
         out = _Pump(fh) if n > _CHUNK_ROWS else fh
         try:
             if csv_fh:
-                csv.writer(csv_fh).writerow(sheet.header)
+                head = io.StringIO(newline="")
+                csv.writer(head).writerow(sheet.header)
+                csv_fh.write(head.getvalue().encode("utf-8"))
             for xml, text in chunks:
                 out.write(xml)
                 if csv_fh:
