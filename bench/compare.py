@@ -4,7 +4,7 @@
 
 1. the fixtures' mix-level statistics pair (tiny_model, step0 vs step1), end to end in a
    fresh process (target 0.5 s; msprobe ~3.2 s);
-2. a synthetic 100k-entry statistics pair (target < 15 s, < 1 GB peak RSS);
+2. a synthetic 100k-entry statistics pair (target < 15 s, < 1 GB peak memory, all its processes);
 3. a synthetic 100k-entry pair of transformer-like layers where the NPU side makes one
    extra API call a third of the way in (sequence shift): the alignment alone (target: a
    few seconds) and the whole compare with diagnosis, end to end;
@@ -28,16 +28,59 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared", "fixtures", "msprobe")
 LOCAL = os.path.join(ROOT, "tests", "fixtures", "msprobe")
 
 
+def _tree(pid: int) -> list:
+    """pid and all its descendants (Linux /proc)."""
+    out = [pid]
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                for child in fh.read().split():
+                    out += _tree(int(child))
+    except OSError:
+        pass
+    return out
+
+
+def _pss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def timed(cmd, env=None):
-    """Wall time and peak RSS (MB) of a child process."""
+    """Wall time and peak memory (MB) of a child process and its helper processes.
+
+    Memory is the peak over 0.1 s samples of the summed PSS of the process tree (pages
+    shared copy-on-write counted once): a single process's max RSS misses what helper
+    processes hold.  Where /proc has no smaps_rollup, the child's own max RSS instead.
+    """
+    import resource
+    import threading
     t = time.perf_counter()
-    proc = subprocess.run(["/usr/bin/time", "-f", "%M"] + cmd, capture_output=True, text=True,
-                          cwd=ROOT, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=env)
+    peak = [0.0]
+
+    def sample():
+        while proc.poll() is None:
+            peak[0] = max(peak[0], sum(_pss_mb(p) for p in _tree(proc.pid)))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    err = proc.communicate()[1]
     wall = time.perf_counter() - t
+    sampler.join()
     if proc.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr[-1500:]}")
-    rss = int(proc.stderr.strip().splitlines()[-1]) / 1024
-    return wall, rss
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-1500:]}")
+    if not peak[0]:
+        peak[0] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return wall, peak[0]
 
 
 def probe_compare(npu, bench, out):

@@ -156,29 +156,40 @@ def _units(result, errors):
             u.bench_entry = b.entry
         u.rows.append(i)
     calls = list(units.values())
+    pairs, tol_dtype = result.pairs, cols["Tolerance Dtype"]
+    max_rel_col = cols.get("MaxRelativeErr")              # md5 mode has none
+    cos_col = cols["Cosine"] if result.mode == "tensor" else None
+    f32 = vd.TOLERANCES["float32"].rtol
     for u in calls:
-        paired = [i for i in u.rows if result.pairs[i].npu is not None and result.pairs[i].bench is not None]
+        ins, outs, paired = [], [], False
+        for i in u.rows:
+            p = pairs[i]
+            if p.npu is None or p.bench is None:
+                continue
+            paired = True
+            e, io = errors[i], p.npu.io
+            if e is None:
+                continue
+            if io == "input" or io == "parameters":
+                ins.append(e)
+            elif io == "output" or io == "parameters_grad":
+                outs.append((e, i))
         if not paired:
             u.status = "unmatched"
             continue
-        ins = [errors[i] for i in paired if result.pairs[i].npu.io in ("input", "parameters")
-               and errors[i] is not None]
-        outs = [(errors[i], i) for i in paired if result.pairs[i].npu.io in ("output", "parameters_grad")
-                and errors[i] is not None]
         u.input_error = max(ins) if ins else 0.0
         if not outs:
             u.status = "not compared"
             continue
         u.output_error, u.worst_row = max(outs)
-        tols = [vd.TOLERANCES.get(cols["Tolerance Dtype"][i]) for _, i in outs]
-        u.tolerance = max([t.rtol for t in tols if t] or [vd.TOLERANCES["float32"].rtol])
-        if result.mode == "tensor":
-            cos = [1 - c for c in (_f(cols["Cosine"][i]) for _, i in outs) if c is not None and not math.isnan(c)]
-            rel = [m for m in (_f(cols["MaxRelativeErr"][i]) for _, i in outs) if m is not None and math.isfinite(m)]
-        else:       # md5 mode has no MaxRelativeErr column
-            cos = []
-            rel = [m for m in (_f(cols["MaxRelativeErr"][i]) for _, i in outs) if m is not None
-                   and math.isfinite(m)] if "MaxRelativeErr" in cols else []
+        tols = [t.rtol for t in (vd.TOLERANCES.get(tol_dtype[i]) for _, i in outs) if t]
+        u.tolerance = max(tols) if tols else f32
+        cos = []
+        if cos_col is not None:
+            cos = [1 - c for c in (_f(cos_col[i]) for _, i in outs) if c is not None and not math.isnan(c)]
+        rel = []
+        if max_rel_col is not None:
+            rel = [m for m in (_f(max_rel_col[i]) for _, i in outs) if m is not None and math.isfinite(m)]
         u.one_minus_cos = max(cos) if cos else None
         u.max_rel = max(rel) if rel else None
     return calls

@@ -113,8 +113,14 @@ def flatten(entry_name: str, entry) -> list[Row]:
     return out
 
 
+_DIRECTIONS = ("forward", "backward", "parameters_grad")
+
+
 def direction(entry_name: str) -> str:
     """forward / backward / parameters_grad / '' from an entry name."""
+    last = entry_name.rpartition(".")[2]
+    if last in _DIRECTIONS:                  # the usual place: Functional.linear.0.forward
+        return last
     for part in reversed(entry_name.split(".")):
         if part in ("forward", "backward", "parameters_grad"):
             return part
