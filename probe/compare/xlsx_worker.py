@@ -5,6 +5,7 @@ stdin, pickled by the parent that started this process: the sheet's encoding sta
 chunk: a 24-byte header (first row, XML length or -1 if encoding failed, CSV length) and
 the bytes.  The parent encodes a failed chunk itself, so its error surfaces there.
 """
+import gc
 import pickle
 import sys
 
@@ -12,6 +13,7 @@ from .xlsx import _FRAME, encode_rows
 
 
 def main() -> None:
+    gc.disable()            # every chunk unpickles ~100k objects and makes no cycles
     src, out = sys.stdin.buffer, sys.stdout.buffer
     try:
         prefixes, shared, with_csv = pickle.load(src)
