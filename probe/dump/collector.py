@@ -174,15 +174,21 @@ class ApiCollector:
         base = f"{name}.{n}"
         if not self.filter.wants(base):
             return func(*args, **kwargs)
+        # probe's own tensor work (statistics, detach, hooks) goes past every
+        # __torch_function__: past probe's mode, which a patched operator's hook runs
+        # under (~40 pass-through calls per API), and past the user's modes and tensor
+        # subclasses, which must not see probe's work
         try:
-            call = self._before(base, func, args, kwargs)
+            with _no_function_mode():
+                call = self._before(base, func, args, kwargs)
         except Exception as exc:
             self._fail(name, exc)
             call = None
         out = func(*args, **kwargs)
         if call is not None:
             try:
-                self._after(call, out)
+                with _no_function_mode():
+                    self._after(call, out)
             except Exception as exc:
                 self._fail(name, exc)
         return out
