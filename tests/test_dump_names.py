@@ -154,6 +154,42 @@ def test_nothing_is_intercepted_after_stop(make_debugger, dump_dir):
     assert dict(vars(torch.Tensor)) == tensor_attrs            # every dunder restored, same objects
 
 
+def test_a_users_own_function_mode_sees_only_the_users_calls(make_debugger, dump_dir):
+    """probe's own tensor work (statistics, detach, grad hooks) must not reach a mode the
+    user entered (a FLOP counter, a fault injector): it sees what it sees without probe."""
+    from torch.overrides import TorchFunctionMode
+
+    class Recorder(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    def run(dbg):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(4, 3)
+        x = torch.randn(2, 4, requires_grad=True)
+        with Recorder() as rec:
+            if dbg:
+                dbg.start()
+            y = F.gelu(lin(x)) + x[:, :3]                    # a Functional call and operators
+            y.sum().backward()
+            if dbg:
+                dbg.stop()
+        return rec.seen, y.detach(), x.grad
+
+    seen_off, y_off, g_off = run(None)
+    dbg = make_debugger()
+    seen_on, y_on, g_on = run(dbg)
+    dbg.step()
+    assert "Functional.gelu.0.forward" in load_dump(dump_dir)
+    assert seen_on == seen_off, (str(seen_on), seen_off)
+    assert torch.equal(y_on, y_off) and torch.equal(g_on, g_off)
+
+
 def test_tensor_dunders_are_the_originals_after_stop(make_debugger):
     tensor_attrs = dict(vars(torch.Tensor))
     dbg = make_debugger()
