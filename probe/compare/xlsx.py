@@ -385,6 +385,10 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
 
 
 _HELPER_ROWS = 50_000   # from this many rows on, a worker process encodes chunks too
+# The worker imports this very copy of probe: the folder holding the package replaces
+# sys.path[0] (the current directory, which might hold another probe or a numpy.py).
+_WORKER = ("import sys; sys.path[0] = %r; from probe.compare.xlsx_worker import main; main()"
+           % os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 _IN_FLIGHT = 3          # chunks handed to the worker and not yet back
 _AHEAD = 16             # chunks this process encodes ahead of the one it must write next
 _FRAME = struct.Struct("<qqq")     # worker -> writer: first row, XML bytes (-1: failed), CSV bytes
@@ -408,14 +412,14 @@ class _Chunks:
         self.done: dict = {}                     # lo -> (xml, csv), or None: encode here
         self.in_flight: list = []                # chunks the worker has, in order
         self.next = 0                            # first chunk nobody has taken
-        if n < _HELPER_ROWS or (os.cpu_count() or 1) < 2:
+        if n < _HELPER_ROWS or (os.cpu_count() or 1) < 2 or not sys.executable:
             return
         import subprocess
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "probe.compare.xlsx_worker"],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, bufsize=0)
-        except OSError:
+            self.proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         bufsize=0)
+        except (OSError, ValueError):
             return
         for pipe in (self.proc.stdin, self.proc.stdout):
             _widen(pipe)
@@ -510,10 +514,10 @@ class _Chunks:
 def _widen(pipe) -> None:
     """A 1 MiB pipe buffer where Linux allows it (64 KiB otherwise): a chunk's XML then
     crosses in a few reads, each of which gives up the GIL and waits to get it back."""
-    import fcntl
     try:
+        import fcntl
         fcntl.fcntl(pipe.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
-    except OSError:
+    except (ImportError, OSError):           # not Linux: the default buffer
         pass
 
 

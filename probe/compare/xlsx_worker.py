@@ -1,4 +1,5 @@
-"""The worker process of a big sheet's encoding (started by xlsx._Chunks).
+"""The worker process of a big sheet's encoding (started by xlsx._Chunks, which runs
+``main()`` in a fresh interpreter).
 
 stdin, pickled by the parent that started this process: the sheet's encoding state
 (``_Rows.state()``), then chunks of rows (``_Rows.chunk()``), then EOF.  stdout, per
