@@ -237,9 +237,13 @@ def main():
             synth_stats(a, args.entries, 1)
             synth_stats(b, args.entries, 2)
             mb = (os.path.getsize(a) + os.path.getsize(b)) / 1e6
-            ours = probe_compare(a, b, os.path.join(tmp, "o2"))
+            # twice: on a shared machine one run can take half as long again as the other;
+            # the best shows the code, the spread shows the machine (as timeit reports)
+            runs = [probe_compare(a, b, os.path.join(tmp, f"o2_{k}")) for k in range(2)]
+            ours = (min(r[0] for r in runs), max(r[1] for r in runs))
             row(f"{args.entries // 1000}k-entry statistics pair ({mb:.0f} MB json)", ours, None,
                 "< 15 s, < 1024 MB")
+            print(f"{'  -> the two runs':<44} " + ", ".join(f"{w:.2f} s" for w, _ in runs))
 
         # 3. 100k-entry pair with a sequence shift: alignment
         if not args.skip_100k:
