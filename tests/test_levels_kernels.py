@@ -94,6 +94,34 @@ def test_kernels_name_the_api_they_ran_under(make_debugger, dump_dir):
     assert load_dump(dump_dir, name="construct.json") == {}
 
 
+def test_every_backward_kernel_names_its_api_also_inside_multi_node_apis(make_debugger, dump_dir):
+    """A 3-D linear, a chunk (tuple output), batched matmuls and cross_entropy each make
+    several autograd nodes; the kernels of every one of them name the API."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 24)
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    target = torch.randint(0, 8, (10,))
+    dbg = make_debugger(level="L2")
+    dbg.start()
+    q, k, v = lin(x).chunk(3, dim=-1)
+    att = torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+    F.cross_entropy(att.reshape(10, 8), target).backward()
+    dbg.stop()
+    dbg.step()
+    data = load_dump(dump_dir)
+    names = list(data)
+    first_bwd = names.index("Aten.ones_like.default.0.forward")      # the seed of backward
+    backward = {k: v.get("api") for k, v in list(data.items())[first_bwd + 1:]}
+    assert len(backward) > 20 and all(a and a.endswith(".backward") for a in backward.values()), \
+        [k for k, a in backward.items() if not a]
+    mm = [a for k, a in backward.items() if k.startswith(("Aten.mm.", "Aten.sum."))]
+    assert mm and set(mm) == {"Functional.linear.0.backward"}
+    assert backward["Aten.cat.default.0.forward"] == "Tensor.chunk.0.backward"
+    assert backward["Aten._log_softmax_backward_data.default.0.forward"] == "Functional.cross_entropy.0.backward"
+    assert {a for k, a in backward.items() if k.startswith("Aten.bmm.")} == {
+        "Tensor.__matmul__.0.backward", "Tensor.__matmul__.1.backward"}
+
+
 def test_aten_section_of_the_yaml_filters(make_debugger, dump_dir, tmp_path):
     yaml_path = tmp_path / "ops.yaml"
     yaml_path.write_text("functional:\n  - linear\naten:\n  - addmm\n  - mm\n")

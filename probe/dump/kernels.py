@@ -17,9 +17,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from probe.dump.collector import _Summaries
 from probe.dump.modules import blocked
+from probe.hook_module.grad_capture import input_slots, output_slots
 from probe.hook_module.interceptor import state
 
 _current_node = torch._C._current_autograd_node
+_no_function_mode = torch._C.DisableTorchFunction
 _META_KEY = "probe_api"
 
 
@@ -55,19 +57,52 @@ class ApiTracker:
         n = self.counters.get(name, 0)
         self.counters[name] = n + 1
         base = f"{name}.{n}"
+        before = None
+        if torch.is_grad_enabled():
+            with _no_function_mode():
+                before = _grad_fns(input_slots(args, kwargs))
         prev = self.current
         self.current = base + ".forward"
         try:
             out = func(*args, **kwargs)
         finally:
             self.current = prev
-        try:
-            fn = out.grad_fn if isinstance(out, torch.Tensor) else None
-            if fn is not None:
-                fn.metadata[_META_KEY] = base + ".backward"
-        except Exception:  # some nodes take no metadata; the kernel entry then lacks "api"
-            pass
+        if before is not None:
+            try:
+                with _no_function_mode():
+                    _tag_nodes(output_slots(out), before, base + ".backward")
+            except Exception:  # never the user's problem: those kernels lack "api"
+                pass
         return out
+
+
+def _grad_fns(tensors) -> set:
+    return {t.grad_fn for t in tensors if t is not None and t.grad_fn is not None}
+
+
+def _tag_nodes(outputs, before: set, label: str, limit: int = 512) -> None:
+    """Mark every autograd node the call created with ``label``, so each backward
+    kernel finds its API on the node running it (not only the output's node: a 3-D
+    linear, a chunk, a cross_entropy make several).  The walk goes from the outputs'
+    nodes towards the inputs and stops at the inputs' own nodes (taken before the call:
+    an in-place call replaces them), at leaves and at nodes an earlier API marked."""
+    todo = [fn for fn in _grad_fns(outputs) if fn not in before]
+    seen = set(todo)
+    while todo and limit:
+        fn = todo.pop()
+        limit -= 1
+        try:
+            meta = fn.metadata
+        except Exception:  # some nodes take no metadata
+            continue
+        if _META_KEY in meta:
+            continue
+        meta[_META_KEY] = label
+        for nxt, _ in fn.next_functions:
+            if (nxt is not None and nxt not in seen and nxt not in before
+                    and type(nxt).__name__ != "AccumulateGrad"):
+                seen.add(nxt)
+                todo.append(nxt)
 
 
 class _Mode(TorchDispatchMode):
