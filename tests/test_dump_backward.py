@@ -143,6 +143,30 @@ def test_in_place_on_a_view_records_grads_through_the_base(dump_once):
     assert torch.equal(x.grad, 2.0 * g.t())
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_in_place_on_a_view_used_only_through_its_base_has_its_backward(dump_once, layout):
+    """mul_ on a slice, then only the base is used: the slice's own node never runs, so
+    the grads w.r.t. the output come from the base's CopySlices, cut to the slice (also
+    when the base's gradient is laid out unlike the base: channels_last base)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 4, requires_grad=True)
+    g = torch.randn(2, 3, 4, 4)
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+
+    def run():
+        h = (x * 1.0).contiguous(memory_format=fmt)
+        h[:, 1:, :, 1:3].mul_(2.0)
+        (h * g).sum().backward()
+
+    data, _ = dump_once(run)
+    mul = data[next(k for k in data if k.startswith("Tensor.mul_.") and k.endswith(".backward"))]
+    assert_summary(mul["input"][0], g[:, 1:, :, 1:3])
+    assert_summary(mul["output"][0], 2.0 * g[:, 1:, :, 1:3])    # w.r.t. the slice before mul_
+    expected = g.clone()
+    expected[:, 1:, :, 1:3] *= 2.0
+    assert torch.equal(x.grad, expected)
+
+
 def test_api_whose_output_gets_no_gradient_has_no_backward_entry(dump_once):
     x = torch.randn(3, requires_grad=True)
 

@@ -165,9 +165,40 @@ def edges_before(inputs):
         if t._is_view():
             base = t._base
             if base.grad_fn is not None:
-                geometry = (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset())
-                bases.setdefault((base.grad_fn, base.output_nr), []).append((i, geometry))
+                bases.setdefault((base.grad_fn, base.output_nr), []).append((i, _geometry(t, base)))
     return edges, leaves, bases, floor
+
+
+def _geometry(view, base):
+    """Where ``view`` sits in ``base``: (size, stride, offset, the base's size and stride)."""
+    return (tuple(view.shape), view.stride(), view.storage_offset() - base.storage_offset(),
+            tuple(base.shape), base.stride())
+
+
+def _cut(grad, geometry):
+    """The view's part of a gradient w.r.t. its base (laid out as the base first, when
+    autograd made it otherwise, so the view's strides find the right elements)."""
+    size, stride, offset, base_size, base_stride = geometry
+    if grad.stride() != base_stride:
+        grad = torch.empty_strided(base_size, base_stride, dtype=grad.dtype,
+                                   device=grad.device).copy_(grad)
+    return grad.as_strided(size, stride, grad.storage_offset() + offset)
+
+
+def _output_node(t, fn, floor):
+    """(node, output_nr, view geometry) whose gradient is the gradient w.r.t. output ``t``.
+
+    Usually t's own node.  A view that the call changed in place (``h[:, 1:3].mul_(2)``)
+    made its base's node a new ``CopySlices``; the view's own node only runs if the view
+    itself is used later, while the base's node always does: the output's gradient is
+    that node's, cut to the view."""
+    if t._is_view():
+        base = t._base
+        bfn = base.grad_fn
+        if (bfn is not None and type(bfn).__name__ == "CopySlices"
+                and floor < bfn._sequence_nr() < (1 << 63)):
+            return bfn, base.output_nr, _geometry(t, base)
+    return fn, t.output_nr, None
 
 
 def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODES):
@@ -179,13 +210,18 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
     the call requires grad.
     """
     edges, leaves, bases, floor = before
-    out_nodes = {}  # node -> [(output_nr, output index)]
+    out_nodes = {}  # node -> [(output_nr, output index, view geometry or None)]
+    passthrough = []  # (output index, [input indices]) for outputs that are an input unchanged
     for j, t in enumerate(outputs):
         if t is not None and t.requires_grad:
             fn = t.grad_fn
             if fn is None:  # a leaf returned as is (e.g. x.float() on a float leaf)
                 continue
-            out_nodes.setdefault(fn, []).append((t.output_nr, j))
+            fn, nr, cut = _output_node(t, fn, floor)
+            out_nodes.setdefault(fn, []).append((nr, j, cut))
+            slots = edges.get((fn, nr)) if cut is None else None
+            if slots is not None:
+                passthrough.append((j, slots))
     if not out_nodes:
         return None
     for fn in out_nodes:
@@ -194,16 +230,11 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
             _seq_floor.value = seq
 
     boundary = {}  # node -> [(position in next_functions, [input indices])]
-    passthrough = []  # (output index, [input indices]) for outputs that are an input unchanged
     input_nodes = {node for node, _ in edges}
     views_links = []  # (node, position, [(input index, view geometry)]): in-place on a view
     stack = []
     seen = set()
-    for fn, outs in out_nodes.items():
-        for nr, j in outs:
-            slots = edges.get((fn, nr))
-            if slots is not None:
-                passthrough.append((j, slots))
+    for fn in out_nodes:
         if fn not in input_nodes:
             stack.append(fn)
             seen.add(fn)
@@ -255,8 +286,10 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
                 pass
 
     def take_outputs(grads, outs):
-        for nr, j in outs:
+        for nr, j, cut in outs:
             g = grads[nr]
+            if g is not None and cut is not None:      # a view changed in place: its
+                g = _cut(g, cut)                        # part of the base's gradient
             if g is not None:
                 pending.out_grads[j] = seen_grad(g)
                 for jj, slots in passthrough:
@@ -289,8 +322,8 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
                 for k, views in cuts:
                     g = grad_inputs[k]
                     if g is not None:
-                        for i, (size, stride, offset) in views:
-                            pending.add_input_grad((i,), g.as_strided(size, stride, g.storage_offset() + offset))
+                        for i, geometry in views:
+                            pending.add_input_grad((i,), _cut(g, geometry))
             pending.node_ran()
         node.register_hook(post_hook)
     return pending
