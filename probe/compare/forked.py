@@ -1,9 +1,10 @@
 """One function computed in a forked child process while this process goes on.
 
-A big compare has independent stages (reading the bench dump while the NPU dump is read,
-the diagnosis while the rows are written) that are pure Python and hold the GIL, so only a
-second process puts the second core to work.  A fork shares the parent's data without
-pickling it; only the result comes back, through a pipe.
+Reading the bench dump while the NPU dump is read: both are pure Python and hold the GIL,
+so only a second process puts the second core to work.  A fork shares the parent's data
+without pickling it; only the result comes back, through a pipe.  (Fit for a child that
+builds data of its own: one that walks the parent's objects touches their reference
+counts, and copy-on-write then copies every page it touched, on both sides.)
 
     job = Forked(lambda: expensive(data))
     ...                      # other work here, meanwhile
