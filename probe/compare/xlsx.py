@@ -398,8 +398,8 @@ class _Chunks:
     """The encoded chunks of a sheet, in row order.
 
     Encoding is pure Python and holds the GIL, so a big sheet is shared with a worker
-    process (``python -m probe.compare.xlsx_worker``): it is handed the next chunks in
-    order, two at a time, while this process encodes the chunks after them (or runs
+    process (a fresh interpreter running ``xlsx_worker.main``): it is handed the next
+    chunks in order, a few at a time, while this process encodes the chunks after them (or runs
     whatever else this process has to do meanwhile, such as the diagnosis), so the load
     balances itself.  A fresh process, not a fork: a fork's pages are shared
     copy-on-write, and touching millions of objects on both sides would copy them all.
