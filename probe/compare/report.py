@@ -162,16 +162,6 @@ def diagnosis_lines(summary: dict) -> list:
 _THREAD_ROWS = 50_000      # from this many rows on, the diagnosis runs beside the row writing
 
 
-class _Done:
-    """A finished future."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def result(self):
-        return self.value
-
-
 def _analysis(result, diag, bench2_path):
     """What the report takes from a diagnosis: the summary digest and the Diagnosis sheet."""
     diag = diag() if callable(diag) else diag
@@ -196,13 +186,13 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
     main = Sheet("compare_result", header, [cols[h] for h in header], styles, _widths(header, cols),
                  {h for h in header if h in PERCENT_COLUMNS and result.mode == "statistics"},
                  csv_path=csv_path)
-    analysis = pool = None
+    analysis = pool = None           # () -> (digest, Diagnosis sheet), asked after the rows
     if diag is not None and callable(diag) and result.n_rows >= _THREAD_ROWS:
         from concurrent.futures import ThreadPoolExecutor
         pool = ThreadPoolExecutor(1, thread_name_prefix="probe-diagnosis")
-        analysis = pool.submit(_analysis, result, diag, bench2_path)
+        analysis = pool.submit(_analysis, result, diag, bench2_path).result
     elif diag is not None:
-        analysis = _Done(_analysis(result, diag, bench2_path))
+        analysis = lambda: _analysis(result, diag, bench2_path)    # noqa: E731
     digest = []
 
     def sheets():
@@ -210,7 +200,7 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
         lines = summary_rows(result)
         diag_sheet = None
         if analysis is not None:
-            d, diag_sheet = analysis.result()
+            d, diag_sheet = analysis()
             digest.append(d)
             lines += diagnosis_lines(d)
         summary = Sheet.from_rows("Summary", ["Item", "Value"], lines, None, [40, 110],
