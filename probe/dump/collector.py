@@ -107,10 +107,14 @@ class _Summaries:
 
     def add(self, t, summary):
         hit = self.cache.lookup(t)
-        if hit is not None:
-            summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = hit
-        else:
-            self.todo.append((summary, t, stats.reductions(t)))
+        if hit is None:
+            r = stats.reductions(t)
+            if type(r) is not tuple or self.cache.defer_on_cpu:   # waits for one fetch
+                self.todo.append((summary, t, r))
+                return
+            hit = r                    # summarised on the spot (a CPU float tensor)
+            self.cache.store(t, r)
+        summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = hit
 
     def resolve(self):
         if not self.todo:
@@ -131,7 +135,7 @@ class _Summaries:
 
 def _all_on_cpu(todo):
     for _, _, r in todo:
-        if r is not None and any(type(x) is not float and x.device.type != "cpu" for x in r[2]):
+        if type(r) is stats.Pending and r.parts[0].device.type != "cpu":
             return False
     return True
 
