@@ -267,3 +267,22 @@ def _cfg(dump_dir, task, section):
     with open(path, "w") as f:
         json.dump({"task": task, "dump_path": dump_dir, "level": "L1", task: section}, f)
     return path
+
+
+def test_unusual_layouts_and_dtypes_dump_their_values(dump_once, dump_dir):
+    """Negative-bit and conjugate views, half and integer tensors: statistics and tensor
+    files hold the values the tensor reads as, whichever copy path each one takes."""
+    base = torch.randn(3, 4)
+    z = torch.complex(torch.randn(5), torch.randn(5))
+    cases = [torch._neg_view(base), base.t(), z.conj(), torch.randn(6).half(),
+             torch.randn(6).bfloat16(), torch.arange(7, dtype=torch.int16), torch.randn(4) > 0]
+    data, _ = dump_once(lambda: [torch.clone(t) for t in cases], task="tensor")
+    folder = os.path.join(dump_dir, "step0", "rank", "dump_tensor_data")
+    for i, case in enumerate(cases):
+        summary = data[f"Torch.clone.{i}.forward"]["input_args"][0]
+        saved = np.load(os.path.join(folder, summary["data_name"]), allow_pickle=False)
+        want = case.resolve_conj().resolve_neg()
+        want = want.float() if want.dtype == torch.bfloat16 else want
+        assert torch.equal(torch.from_numpy(saved), want), i
+        if not case.is_complex():
+            assert_summary(summary, case)

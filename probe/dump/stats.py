@@ -112,6 +112,11 @@ def fetch(pending):
 def host_copy(t):
     """A CPU numpy copy for a tensor file (numpy has no bfloat16: stored as float32)."""
     t = t.detach()
+    if t.is_cpu and t.dtype != torch.bfloat16:
+        try:
+            return t.numpy().copy()   # 2-5x cheaper than a torch copy for small tensors
+        except (RuntimeError, TypeError):   # neg/conj views, dtypes numpy lacks
+            pass
     if t.dtype == torch.bfloat16:
         t = t.to("cpu", torch.float32)
     else:
