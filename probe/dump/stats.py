@@ -1,9 +1,10 @@
 """Tensor summaries: Max/Min/Mean/Norm (and the CRC32 "md5") of every dumped tensor.
 
 Reductions run in float32 or wider, so bf16/fp16 summaries are not rounded to the
-tensor's own precision. Each new tensor costs a few dispatcher calls; a tensor met
-again unchanged (the output of one API is the input of the next) is summarised once,
-recognised by identity and its version counter.
+tensor's own precision. A CPU tensor is summarised in one pass by the compiled
+``_cstats`` extension (float64 accumulators) when it was built, else through numpy and
+torch (a few calls per tensor). A tensor met again unchanged (the output of one API is
+the input of the next) is summarised once, recognised by identity and its version counter.
 
 On CUDA/NPU the scalars of one call are stacked on the device and fetched with a single
 host transfer (``fetch``), never one ``.item()`` per scalar.
@@ -25,6 +26,20 @@ _add = np.add.reduce
 _NUMPY_SUM_MAX = 16384
 _NO_STATS = (None, None, None, None)
 
+try:
+    from probe.dump import _cstats
+except ImportError:   # built without a C compiler: the numpy/torch path below
+    _cstats = None
+
+_KINDS = {} if _cstats is None else {
+    torch.float32: _cstats.KIND_F32, torch.float64: _cstats.KIND_F64,
+    torch.bfloat16: _cstats.KIND_BF16, torch.float16: _cstats.KIND_F16,
+    torch.int64: _cstats.KIND_I64, torch.int32: _cstats.KIND_I32, torch.int16: _cstats.KIND_I16,
+    torch.int8: _cstats.KIND_I8, torch.uint8: _cstats.KIND_U8, torch.bool: _cstats.KIND_BOOL}
+# Only tensors whose data_ptr() is their own memory: subclasses may wrap other storage.
+_PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+_STRIDED = torch.strided
+
 
 def reductions(t):
     """Start the reductions of ``t`` on its device; ``fetch`` turns them into numbers.
@@ -34,6 +49,14 @@ def reductions(t):
     complex, meta), else a ``Pending``.
     """
     dt = t.dtype
+    kind = _KINDS.get(dt)
+    if kind is not None and type(t) in _PLAIN_TYPES and t.is_cpu and t.layout is _STRIDED and not t.is_neg():
+        n = t.numel()
+        if not n:
+            return None
+        if not t.is_contiguous():
+            t = t.detach().contiguous()   # detached: no autograd node for probe's copy
+        return _cstats.summarize(t.data_ptr(), n, kind)
     if dt in _NUMPY_FAST and t.is_cpu:
         try:
             flat = t.detach().numpy().reshape(-1)   # refuses neg/conj views: slow path

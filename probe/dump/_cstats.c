@@ -1,0 +1,284 @@
+/* One-pass tensor statistics for probe: Max, Min, Mean and Norm of a contiguous CPU buffer.
+ *
+ * The pure-Python path (numpy/torch, probe/dump/stats.py) makes four reductions per tensor:
+ * four passes over memory and four interpreter round trips, which is most of a dump's cost
+ * on a small model. Here one loop reads each element once and keeps max, min, sum and sum
+ * of squares, accumulated in double (the statistics are computed in float64, wider than
+ * any input dtype). NaN is tracked on its own, so Max/Min are NaN when any element is,
+ * as torch.max/min report.
+ *
+ * summarize(address, numel, kind) -> (Max, Min, Mean, Norm)
+ *   address: tensor.data_ptr() of a contiguous CPU tensor the caller keeps alive
+ *   kind:    one of the KIND_* codes below (stats.py maps torch dtypes to them)
+ * Max/Min are float for floating kinds, int for integers, bool for bool.
+ *
+ * Built as an optional extension: without a C compiler probe falls back to stats.py's
+ * numpy/torch path, which computes the same statistics.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { KIND_F32, KIND_F64, KIND_BF16, KIND_F16, KIND_I64, KIND_I32, KIND_I16, KIND_I8,
+       KIND_U8, KIND_BOOL, N_KINDS };
+
+/* Above this many elements the GIL is released: other threads run while we read. */
+#define GIL_FREE_NUMEL 65536
+
+typedef struct {
+    double max, min, sum, sumsq;
+    int has_nan;
+} facc;
+
+typedef struct {
+    int64_t max, min;
+    double sum, sumsq;
+} iacc;
+
+static float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, bits;
+    if (exp == 0x1f) {                       /* inf / nan */
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp != 0) {                   /* normal */
+        bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    } else if (mant == 0) {                  /* zero */
+        bits = sign;
+    } else {                                 /* subnormal: normalise */
+        exp = 113;
+        while (!(mant & 0x400u)) { mant <<= 1; exp--; }
+        bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* float32, the common case: max/min in single-precision lanes, sum and sum of squares in
+ * double lanes. Written with intrinsics because the compiler will not vectorise a max that
+ * must keep NaN semantics; maxps/minps drop NaN, so a NaN sum triggers a scan for NaN
+ * elements instead (inf - inf also gives NaN). Each call adds into *a, which the caller
+ * has set up with init_acc. */
+static void init_acc(facc *a) {
+    a->max = -INFINITY; a->min = INFINITY; a->sum = 0.0; a->sumsq = 0.0; a->has_nan = 0;
+}
+
+static void reduce_f32_scalar(const float *p, Py_ssize_t n, facc *a) {
+    float mx = (float)a->max, mn = (float)a->min;
+    double s = 0.0, ss = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float x = p[i];
+        mx = x > mx ? x : mx;
+        mn = x < mn ? x : mn;
+        double d = (double)x;
+        s += d;
+        ss += d * d;
+    }
+    a->max = mx; a->min = mn; a->sum += s; a->sumsq += ss;
+}
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+
+static void reduce_f32_sse2(const float *p, Py_ssize_t n, facc *a) {
+    __m128 mx = _mm_set1_ps((float)a->max), mn = _mm_set1_ps((float)a->min);
+    __m128d s0 = _mm_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m128 x = _mm_loadu_ps(p + i);
+        mx = _mm_max_ps(mx, x);
+        mn = _mm_min_ps(mn, x);
+        __m128d lo = _mm_cvtps_pd(x), hi = _mm_cvtps_pd(_mm_movehl_ps(x, x));
+        s0 = _mm_add_pd(s0, lo);
+        s1 = _mm_add_pd(s1, hi);
+        q0 = _mm_add_pd(q0, _mm_mul_pd(lo, lo));
+        q1 = _mm_add_pd(q1, _mm_mul_pd(hi, hi));
+    }
+    float f[4];
+    double d[2];
+    _mm_storeu_ps(f, mx);
+    for (int k = 0; k < 4; k++) a->max = f[k] > a->max ? f[k] : a->max;
+    _mm_storeu_ps(f, mn);
+    for (int k = 0; k < 4; k++) a->min = f[k] < a->min ? f[k] : a->min;
+    _mm_storeu_pd(d, _mm_add_pd(s0, s1));
+    a->sum += d[0] + d[1];
+    _mm_storeu_pd(d, _mm_add_pd(q0, q1));
+    a->sumsq += d[0] + d[1];
+    reduce_f32_scalar(p + i, n - i, a);
+}
+
+#if defined(__GNUC__) || defined(__clang__)
+#define HAVE_AVX2_VARIANT 1
+__attribute__((target("avx2,fma"))) static void reduce_f32_avx2(const float *p, Py_ssize_t n, facc *a) {
+    __m256 mx = _mm256_set1_ps((float)a->max), mn = _mm256_set1_ps((float)a->min);
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0;
+    Py_ssize_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 x = _mm256_loadu_ps(p + i), y = _mm256_loadu_ps(p + i + 8);
+        mx = _mm256_max_ps(mx, _mm256_max_ps(x, y));
+        mn = _mm256_min_ps(mn, _mm256_min_ps(x, y));
+        __m256d x0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x)), x1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+        __m256d y0 = _mm256_cvtps_pd(_mm256_castps256_ps128(y)), y1 = _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1));
+        s0 = _mm256_add_pd(s0, x0);
+        s1 = _mm256_add_pd(s1, x1);
+        s2 = _mm256_add_pd(s2, y0);
+        s3 = _mm256_add_pd(s3, y1);
+        q0 = _mm256_fmadd_pd(x0, x0, q0);
+        q1 = _mm256_fmadd_pd(x1, x1, q1);
+        q2 = _mm256_fmadd_pd(y0, y0, q2);
+        q3 = _mm256_fmadd_pd(y1, y1, q3);
+    }
+    float f[8];
+    double d[4];
+    _mm256_storeu_ps(f, mx);
+    for (int k = 0; k < 8; k++) a->max = f[k] > a->max ? f[k] : a->max;
+    _mm256_storeu_ps(f, mn);
+    for (int k = 0; k < 8; k++) a->min = f[k] < a->min ? f[k] : a->min;
+    _mm256_storeu_pd(d, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+    a->sum += (d[0] + d[1]) + (d[2] + d[3]);
+    _mm256_storeu_pd(d, _mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(q2, q3)));
+    a->sumsq += (d[0] + d[1]) + (d[2] + d[3]);
+    reduce_f32_sse2(p + i, n - i, a);
+}
+#endif
+static void (*reduce_f32_best)(const float *, Py_ssize_t, facc *) = reduce_f32_sse2;
+#else
+static void (*reduce_f32_best)(const float *, Py_ssize_t, facc *) = reduce_f32_scalar;
+#endif
+
+static void reduce_f32(const float *p, Py_ssize_t n, facc *a) {
+    reduce_f32_best(p, n, a);
+    if (a->sum != a->sum)   /* NaN element, or inf - inf */
+        for (Py_ssize_t i = 0; i < n && !a->has_nan; i++)
+            a->has_nan = p[i] != p[i];
+}
+
+static void reduce_f64(const double *p, Py_ssize_t n, facc *a) {
+    double mx = -INFINITY, mn = INFINITY, s = 0.0, ss = 0.0;
+    int nan = 0;   /* x != x in the loop: no intrinsics here, float64 tensors are rare */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double x = p[i];
+        mx = x > mx ? x : mx;
+        mn = x < mn ? x : mn;
+        nan |= x != x;
+        s += x;
+        ss += x * x;
+    }
+    a->max = mx; a->min = mn; a->sum = s; a->sumsq = ss; a->has_nan = nan;
+}
+
+/* bf16 / fp16: widened a block at a time into a float buffer, then the f32 loop. */
+static void reduce_half(const uint16_t *p, Py_ssize_t n, int bf16, facc *a) {
+    float buf[256];
+    init_acc(a);
+    for (Py_ssize_t i0 = 0; i0 < n; i0 += 256) {
+        Py_ssize_t m = n - i0 < 256 ? n - i0 : 256;
+        if (bf16)
+            for (Py_ssize_t i = 0; i < m; i++) buf[i] = bf16_to_f32(p[i0 + i]);
+        else
+            for (Py_ssize_t i = 0; i < m; i++) buf[i] = f16_to_f32(p[i0 + i]);
+        reduce_f32(buf, m, a);
+    }
+}
+
+#define REDUCE_INT(NAME, T)                                              \
+    static void NAME(const T *p, Py_ssize_t n, iacc *a) {               \
+        T mx = p[0], mn = p[0];                                          \
+        double s = 0.0, ss = 0.0;                                        \
+        for (Py_ssize_t i = 0; i < n; i++) {                             \
+            T x = p[i];                                                  \
+            mx = x > mx ? x : mx;                                        \
+            mn = x < mn ? x : mn;                                        \
+            double d = (double)x;                                        \
+            s += d;                                                      \
+            ss += d * d;                                                 \
+        }                                                                \
+        a->max = (int64_t)mx; a->min = (int64_t)mn; a->sum = s; a->sumsq = ss; \
+    }
+
+REDUCE_INT(reduce_i64, int64_t)
+REDUCE_INT(reduce_i32, int32_t)
+REDUCE_INT(reduce_i16, int16_t)
+REDUCE_INT(reduce_i8, int8_t)
+REDUCE_INT(reduce_u8, uint8_t)
+
+static PyObject *summarize(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "summarize(address, numel, kind)");
+        return NULL;
+    }
+    void *ptr = PyLong_AsVoidPtr(args[0]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    long kind = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (ptr == NULL || n <= 0 || kind < 0 || kind >= N_KINDS) {
+        PyErr_SetString(PyExc_ValueError, "summarize: need a non-null address, numel > 0 and a known kind");
+        return NULL;
+    }
+    int is_float = kind <= KIND_F16;
+    facc f = {0};
+    iacc i = {0};
+    int release = n > GIL_FREE_NUMEL;
+    PyThreadState *ts = release ? PyEval_SaveThread() : NULL;
+    switch (kind) {
+    case KIND_F32: init_acc(&f); reduce_f32((const float *)ptr, n, &f); break;
+    case KIND_F64: reduce_f64((const double *)ptr, n, &f); break;
+    case KIND_BF16: reduce_half((const uint16_t *)ptr, n, 1, &f); break;
+    case KIND_F16: reduce_half((const uint16_t *)ptr, n, 0, &f); break;
+    case KIND_I64: reduce_i64((const int64_t *)ptr, n, &i); break;
+    case KIND_I32: reduce_i32((const int32_t *)ptr, n, &i); break;
+    case KIND_I16: reduce_i16((const int16_t *)ptr, n, &i); break;
+    case KIND_I8: reduce_i8((const int8_t *)ptr, n, &i); break;
+    case KIND_U8:
+    case KIND_BOOL: reduce_u8((const uint8_t *)ptr, n, &i); break;
+    }
+    if (release)
+        PyEval_RestoreThread(ts);
+    if (is_float) {
+        if (f.has_nan)
+            f.max = f.min = NAN;
+        return Py_BuildValue("(dddd)", f.max, f.min, f.sum / (double)n, sqrt(f.sumsq));
+    }
+    double mean = i.sum / (double)n, norm = sqrt(i.sumsq);
+    if (kind == KIND_BOOL)
+        return Py_BuildValue("(NNdd)", PyBool_FromLong(i.max != 0), PyBool_FromLong(i.min != 0), mean, norm);
+    return Py_BuildValue("(LLdd)", (long long)i.max, (long long)i.min, mean, norm);
+}
+
+static PyMethodDef methods[] = {
+    {"summarize", (PyCFunction)(void (*)(void))summarize, METH_FASTCALL,
+     "summarize(address, numel, kind) -> (Max, Min, Mean, Norm) of a contiguous CPU buffer"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cstats", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__cstats(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+#ifdef HAVE_AVX2_VARIANT
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        reduce_f32_best = reduce_f32_avx2;
+#endif
+    if (PyModule_AddIntConstant(m, "KIND_F32", KIND_F32) || PyModule_AddIntConstant(m, "KIND_F64", KIND_F64) ||
+        PyModule_AddIntConstant(m, "KIND_BF16", KIND_BF16) || PyModule_AddIntConstant(m, "KIND_F16", KIND_F16) ||
+        PyModule_AddIntConstant(m, "KIND_I64", KIND_I64) || PyModule_AddIntConstant(m, "KIND_I32", KIND_I32) ||
+        PyModule_AddIntConstant(m, "KIND_I16", KIND_I16) || PyModule_AddIntConstant(m, "KIND_I8", KIND_I8) ||
+        PyModule_AddIntConstant(m, "KIND_U8", KIND_U8) || PyModule_AddIntConstant(m, "KIND_BOOL", KIND_BOOL)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

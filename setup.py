@@ -1,0 +1,16 @@
+"""Build hook for probe's one optional C extension (metadata lives in pyproject.toml).
+
+``probe.dump._cstats`` computes tensor statistics in one pass. It is optional: where no
+C compiler is found the build goes on without it and probe uses its numpy/torch path.
+"""
+import sys
+
+from setuptools import Extension, setup
+
+# Let the compiler vectorise the reductions (reassociate sums); NaN and Inf semantics are
+# kept (no -ffast-math / -ffinite-math-only).
+_FLAGS = [] if sys.platform == "win32" else [
+    "-O3", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math"]
+
+setup(ext_modules=[Extension("probe.dump._cstats", ["probe/dump/_cstats.c"],
+                             extra_compile_args=_FLAGS, optional=True)])
