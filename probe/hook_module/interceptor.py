@@ -3,9 +3,10 @@
 A ``TorchFunctionMode`` sees calls of ``torch.*``, Tensor methods and
 ``torch.nn.functional`` by the function object actually called. Nothing is replaced,
 so functions imported before ``start()`` are seen and ``act is F.gelu`` keeps holding.
-What the mode cannot tell apart is patched: Tensor dunders (``a + b`` reaches the mode
-as ``Tensor.add``; msprobe names it ``Tensor.__add__``) and distributed / torch_npu
-functions a mode may never see.
+Operators reach the mode as the method they implement (``a + b`` as ``Tensor.add``;
+msprobe names it ``Tensor.__add__``): ``operators.py`` names them from the calling
+instruction. What neither can tell apart is patched: three Tensor dunders (``2 + a``,
+``2 * a``, ``abs(a)``) and the distributed / torch_npu functions a mode may never see.
 
     interceptor = Interceptor(resolved, handler)
     interceptor.start()
@@ -16,8 +17,8 @@ The handler must call ``func(*args, **kwargs)`` and return its result. Only the 
 registered call reaches it: while it runs, registered APIs go straight to the real function.
 
 After ``stop()`` the mode is off the stack and every patch is removed, so calls cost
-nothing. (Keeping the patches installed, dormant, would save about 0.4 ms per
-start/stop cycle but cost every operator call ~0.3 us between steps.)
+nothing. (Each ``setattr`` on ``torch.Tensor`` costs ~5 us and invalidates attribute
+caches, which is why so few dunders are patched.)
 
 A limit shared by every function mode: the body of an unregistered Python-level torch
 function runs with the mode switched off (it dispatched on itself first), so registered
@@ -63,6 +64,9 @@ class _Mode(TorchFunctionMode):
     def __init__(self, interceptor):
         super().__init__()
         self._by_func = interceptor.resolved.by_func
+        operators = interceptor.resolved.operators
+        self._op_impls = operators.by_impl if operators is not None else {}
+        self._op_name = operators.name if operators is not None else None
         self._call = interceptor.call
 
     def __torch_function__(self, func, types_, args=(), kwargs=None):
@@ -70,6 +74,8 @@ class _Mode(TorchFunctionMode):
             kwargs = {}
         if not state.depth:
             name = self._by_func.get(func)
+            if func in self._op_impls:   # an operator's implementation: which was it?
+                name = self._op_name(func, name)
             if name is not None:
                 return self._call(name, func, args, kwargs)
         return func(*args, **kwargs)
@@ -127,14 +133,23 @@ _MISSING = object()
 _patches = _Patches()
 
 
+def _process_group_exists():
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized()
+
+
 class Interceptor:
     """Routes every registered API call to ``handler`` between ``start()`` and ``stop()``."""
 
     def __init__(self, resolved, handler):
         self.resolved = resolved
         self.handler = handler
-        self.patched_names = {(torch.Tensor, attr): full for attr, full in resolved.dunders.items()}
+        patched = resolved.operators.patched if resolved.operators is not None else resolved.dunders
+        self.patched_names = {(torch.Tensor, attr): full for attr, full in patched.items()}
         self.patched_names.update(((owner, attr), full) for owner, attr, full in resolved.patched)
+        # Collectives cannot run before a process group exists: patched only once one does.
+        self._collectives = [k for k, full in self.patched_names.items() if full.startswith("Distributed.")]
+        self._always = [k for k in self.patched_names if k not in self._collectives]
         self._mode = None
         self._outer = None
 
@@ -152,7 +167,8 @@ class Interceptor:
     def start(self):
         if self._mode is not None:
             return
-        _patches.acquire(self.patched_names)
+        self._patched_now = self._always + (self._collectives if _process_group_exists() else [])
+        _patches.acquire(self._patched_now)
         self._mode = _Mode(self)
         self._mode.__enter__()
         self._outer, state.active = state.active, self

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from probe.errors import ConfigError
+from probe.hook_module.operators import OperatorNames
 
 DEFAULT_YAML = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support_wrap_ops.yaml")
 
@@ -48,6 +49,7 @@ class ResolvedRegistry:
     """Registry entries turned into what the interceptor needs on the hot path."""
     by_func: dict = field(default_factory=dict)     # object the function mode sees -> "Prefix.name"
     dunders: dict = field(default_factory=dict)     # torch.Tensor dunder attr -> "Tensor.__add__"
+    operators: object = None                        # OperatorNames: how the dunders are told apart
     patched: list = field(default_factory=list)     # (owner object, attr, "Prefix.name") to patch
     aten: frozenset = frozenset()                   # aten op names ("mm", "add") for L2
     absent: list = field(default_factory=list)      # "section.name" not present in this torch
@@ -139,7 +141,7 @@ def resolve(registry):
             if section == "tensor" and name.startswith("__") and name.endswith("__") \
                     and not _seen_as_itself(obj, name):
                 # Operators reach a function mode as the method they implement
-                # (a + b arrives as Tensor.add), so dunders are patched to keep their names.
+                # (a + b arrives as Tensor.add): named from their call site (operators.py).
                 out.dunders[name] = full
             elif section in ("distributed", "torch_npu"):
                 # Plain Python / vendor functions a function mode may not see.
@@ -148,4 +150,7 @@ def resolve(registry):
                 out.patched.append((_lookup(owner, parent) if parent else owner, attr, full))
             else:
                 out.by_func.setdefault(obj, full)
+    out.operators = OperatorNames(out.dunders)
+    for func, full in out.operators.itself.items():
+        out.by_func.setdefault(func, full)
     return out

@@ -1,0 +1,113 @@
+"""Operators get msprobe's dunder names, read from the instruction that ran them (issue #2, item 3).
+
+One generated case per operator dunder of the registry, as torch/overrides' tests do: the
+operator written as source (so the call site is real bytecode) is named ``Tensor.__x__``,
+and the method it runs, called as a method, keeps the method's name.
+"""
+import pytest
+import torch
+
+from conftest import load_dump
+from probe.hook_module import operators
+from probe.hook_module.registry import DEFAULT_YAML, load_registry, resolve
+
+RESOLVED = resolve(load_registry(None))
+REGISTERED = {name[len("Tensor."):] for name in list(RESOLVED.by_func.values()) + list(RESOLVED.dunders.values())
+              if name.startswith("Tensor.__")}
+BINARY = {d: s for d, s in operators.SYMBOLS.items() if not s.startswith("u")}
+CASES = sorted(d for d in operators.SYMBOLS if d in REGISTERED and d != "__rmatmul__")
+
+
+def _source(dunder):
+    """Python source that runs ``dunder`` through its operator, on tensors a, b (or ints i, j)."""
+    symbol = operators.SYMBOLS[dunder]
+    x, y = ("i", "j") if dunder in operators._BITWISE else ("a", "b")
+    if symbol.startswith("u"):
+        return f"r = {symbol[1:]}{x}"
+    if symbol.endswith("=") and symbol not in ("==", "!=", "<=", ">="):
+        return f"{x}_inplace {symbol} {y}"
+    if dunder.startswith("__r") and dunder != "__rshift__":
+        return f"r = 2 {symbol} {x}"
+    return f"r = {x} {symbol} {y}"
+
+
+def _tensors():
+    a = torch.rand(3, 3) + 1
+    i = torch.tensor([[1, 2, 3]] * 3)
+    return {"a": a, "b": torch.rand(3, 3) + 1, "i": i, "j": torch.tensor([[3, 1, 2]] * 3),
+            "a_inplace": a.clone(), "i_inplace": i.clone()}
+
+
+def _run_source(dump_once, source):
+    ns = _tensors()
+    exec(compile(f"def run():\n    global a_inplace, i_inplace\n    {source}\n", "<user code>", "exec"), ns)
+    data, _ = dump_once(ns["run"])
+    return list(data)
+
+
+@pytest.mark.parametrize("dunder", CASES)
+def test_operator_is_named_as_its_dunder(dump_once, dunder):
+    assert _run_source(dump_once, _source(dunder)) == [f"Tensor.{dunder}.0.forward"]
+
+
+BY_SITE = {name: impl for impl, table in RESOLVED.operators.by_impl.items() for name in table.values() if name}
+
+
+# (Tensor.__pow__'s implementation is a Python wrapper that no method name reaches)
+@pytest.mark.parametrize("dunder", sorted(d for d in CASES if RESOLVED.by_func.get(BY_SITE.get(f"Tensor.{d}"))))
+def test_the_method_an_operator_runs_keeps_its_own_name(dump_once, dunder):
+    """``a.add(b)`` is Tensor.add even though ``a + b`` reaches the mode as the same function."""
+    impl = BY_SITE[f"Tensor.{dunder}"]
+    method = RESOLVED.by_func[impl]
+    attr = method.split(".", 1)[1]
+    x, y = ("i", "j") if dunder in operators._BITWISE else ("a", "b")
+    arg = "" if operators.SYMBOLS[dunder].startswith("u") else y
+    target = f"{x}_inplace" if attr.endswith("_") else x
+    assert _run_source(dump_once, f"r = {target}.{attr}({arg})") == [f"{method}.0.forward"]
+
+
+def test_operators_inside_torch_wrappers_and_comprehensions(dump_once):
+    """``a ** 2`` reaches the mode from torch's Python wrapper (skipped to find the user's
+    line); operators in nested code objects are read from their own bytecode."""
+    source = "r = [x ** 2 for x in (a, b)]; s = (lambda t: -t)(a); u = sum([a, b])"
+    names = _run_source(dump_once, source)
+    assert names[:3] == ["Tensor.__pow__.0.forward", "Tensor.__pow__.1.forward", "Tensor.__neg__.0.forward"]
+    # builtin sum: 0 + a is the patched __radd__; a + b inside sum() has no operator instruction
+    assert names[3:] == ["Tensor.__radd__.0.forward", "Tensor.add.0.forward"]
+
+
+def test_deleting_an_operator_stops_its_dump_but_not_its_methods(tmp_path, make_debugger, dump_dir):
+    with open(DEFAULT_YAML, encoding="utf-8") as f:
+        text = f.read().replace("\n  - __add__\n", "\n", 1)
+    path = tmp_path / "ops.yaml"
+    path.write_text(text, encoding="utf-8")
+    a, b = torch.randn(3), torch.randn(3)
+    dbg = make_debugger(wrap_ops_yaml=str(path))
+    dbg.start()
+    a + b
+    a.add(b)
+    dbg.stop()
+    dbg.step()
+    assert list(load_dump(dump_dir)) == ["Tensor.add.0.forward"]
+
+
+def test_only_three_tensor_attributes_are_patched_while_dumping(make_debugger):
+    """Each setattr on torch.Tensor costs ~10 us and invalidates attribute caches; the
+    collectives are patched only once a process group exists."""
+    before = dict(vars(torch.Tensor))
+    dist_before = dict(vars(torch.distributed))
+    dbg = make_debugger()
+    dbg.start()
+    changed = {k for k, v in vars(torch.Tensor).items() if before.get(k) is not v}
+    dist_changed = {k for k, v in vars(torch.distributed).items() if dist_before.get(k) is not v}
+    dbg.stop()
+    assert changed == {"__abs__", "__radd__", "__rmul__"}
+    assert dist_changed == set()
+    assert dict(vars(torch.Tensor)) == before
+
+
+def test_implementation_is_found_by_running_the_dunder():
+    assert operators.implementation("__add__") is torch.Tensor.add
+    assert operators.implementation("__iadd__") is torch.Tensor.add_
+    assert operators.implementation("__neg__") is torch.Tensor.neg
+    assert operators.implementation("__and__") is torch.Tensor.__and__
