@@ -135,6 +135,7 @@ class DumpWriter:
         self._pid = os.getpid()
         self._pending = []           # entries not yet written
         self._direct = False         # entries written by the calling thread (see open_dir)
+        self._opened = threading.Event()   # set by the writer thread once the folder is in place
         self.before_flush = None     # called before entries are encoded (async_dump)
         self._current = None         # the open step folder (set by the writer thread)
         self._last_flush = time.monotonic()
@@ -152,6 +153,7 @@ class DumpWriter:
         # handing small writes to a thread costs more in GIL hand-offs than the writes.
         # With tensor files they go through the queue, behind the files they name.
         self._direct = not with_tensors
+        self._opened.clear()
         self._queue.put(("open", rank_dir, with_tensors))
 
     def prepare_dir(self, rank_dir, with_tensors):
@@ -179,7 +181,7 @@ class DumpWriter:
     def write_meta(self, stack_json, construct_json):
         self._flush_pending()
         if self._direct:
-            self._wait_queue()
+            self._wait_open()
             self._write_here(lambda files: files.write_meta(stack_json, construct_json))
         else:
             self._queue.put(("meta", stack_json, construct_json))
@@ -187,7 +189,17 @@ class DumpWriter:
     def sync(self):
         """Block until everything is on disk."""
         self._flush_pending()
-        self._wait_queue()
+        if self._direct:   # written by this thread already; the queue holds only folder work
+            self._wait_open()
+        else:
+            self._wait_queue()
+
+    def _wait_open(self):
+        """Wait for the writer thread to have the current folder in place (a round trip
+        through the queue costs ~60 us of thread hand-offs; this is usually done already)."""
+        while not self._opened.wait(0.5):
+            if not self._thread.is_alive():
+                break
 
     def _wait_queue(self):
         done = threading.Event()
@@ -219,7 +231,7 @@ class DumpWriter:
                 self._report(exc)
         entries, self._pending = self._pending, []
         if self._direct:
-            self._wait_queue()   # the folder is open
+            self._wait_open()
             self._write_here(lambda files: files.append(entries))
         else:
             self._queue.put(("entries", entries))
@@ -247,15 +259,18 @@ class DumpWriter:
                 if kind == "sync":
                     item[1].set()
                 elif kind == "open":
-                    rank_dir, with_tensors = item[1:]
-                    if current is not None:
-                        current.close()
-                    if prepared is not None and prepared.rank_dir == rank_dir:
-                        current, prepared = prepared, None
-                    else:
-                        current = _StepFiles(rank_dir, self.header, with_tensors)
-                    current.activate(trash)
-                    self._current = current
+                    try:
+                        rank_dir, with_tensors = item[1:]
+                        if current is not None:
+                            current.close()
+                        if prepared is not None and prepared.rank_dir == rank_dir:
+                            current, prepared = prepared, None
+                        else:
+                            current = _StepFiles(rank_dir, self.header, with_tensors)
+                        current.activate(trash)
+                        self._current = current
+                    finally:
+                        self._opened.set()
                 elif kind == "prepare":
                     if prepared is not None:
                         prepared.close()
