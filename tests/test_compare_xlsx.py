@@ -29,9 +29,26 @@ COLUMNS = {
 }
 
 
+class _CsvWriter:
+    """csv.writer as Python 3.11+ writes NUL (unquoted, as is); 3.10's raises on it."""
+    _NUL_STAND_IN = "\ue000"
+
+    def __init__(self, buf):
+        self.buf = buf
+
+    def writerows(self, rows):
+        tmp = io.StringIO(newline="")
+        csv.writer(tmp).writerows([[v.replace("\x00", self._NUL_STAND_IN) if isinstance(v, str) else v
+                                    for v in row] for row in rows])
+        self.buf.write(tmp.getvalue().replace(self._NUL_STAND_IN, "\x00"))
+
+    def writerow(self, row):
+        self.writerows([row])
+
+
 def _csv_text(value) -> str:
     buf = io.StringIO()
-    csv.writer(buf).writerow([value, "x"])
+    _CsvWriter(buf).writerow([value, "x"])
     return buf.getvalue()[:-len(",x\r\n")]
 
 
@@ -78,7 +95,7 @@ def test_workbook_and_csv_round_trip(tmp_path):
             assert rgb == {None: None, "error": "FFFFC7CE", "warning": "FFFFEB9C"}[styles[r]]
             assert cell.number_format.endswith("%") == (header[c] == "floats")
     buf = io.StringIO(newline="")
-    w = csv.writer(buf)
+    w = _CsvWriter(buf)
     w.writerow(header)
     w.writerows(zip(*cols))
     with open(csv_path, newline="", encoding="utf-8") as fh:

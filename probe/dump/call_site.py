@@ -12,7 +12,7 @@ import dis
 import inspect
 import sys
 
-_CALL_OPS = {dis.opmap[name] for name in ("CALL", "CALL_KW") if name in dis.opmap}
+_CALL_OPS = {dis.opmap[name] for name in ("CALL", "CALL_KW", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD") if name in dis.opmap}
 _KW_NAMES = dis.opmap.get("KW_NAMES")
 _LOAD_CONST = dis.opmap["LOAD_CONST"]
 _SKIP = {dis.opmap[name] for name in ("PRECALL", "CACHE", "EXTENDED_ARG") if name in dis.opmap}
@@ -69,13 +69,13 @@ def _caller_of(code, limit):
 
 def _read_site(code, lasti):
     """(positional count, keyword names) of the CALL that ``lasti`` is in, else None."""
-    ops = [(i.offset, i.opcode, i.arg) for i in dis.get_instructions(code, show_caches=False)]
-    before = [op for op in ops if op[0] < lasti]
+    ops = [(i.offset, i.opcode, i.arg) for i in dis.get_instructions(code)]
+    before = [op for op in ops if op[0] <= lasti]   # 3.13+: f_lasti is the CALL itself; 3.11/3.12: its last CACHE
     if not before or before[-1][1] not in _CALL_OPS:
         return None
     call_op, argc = before[-1][1], before[-1][2] or 0
     # 3.11/3.12: KW_NAMES precedes CALL; 3.13+: CALL_KW takes the names tuple loaded last.
-    names_op = _LOAD_CONST if dis.opname[call_op] == "CALL_KW" else _KW_NAMES
+    names_op = _LOAD_CONST if dis.opname[call_op] in ("CALL_KW", "CALL_FUNCTION_KW") else _KW_NAMES
     kw = ()
     for offset, opcode, arg in reversed(before[:-1]):
         if opcode in _SKIP:
