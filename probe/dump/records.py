@@ -3,6 +3,9 @@ import torch
 
 # Non-tensor argument values msprobe records as {"type": ..., "value": ...}.
 _SCALARS = (bool, int, float, str)
+# Subclasses (numpy floats, IntEnum, str enums) are stored as their plain value: the same
+# JSON, and entries hold only builtin types (what the dump's helper process is sent).
+_PLAIN = {float: float, int: int, str: str.__str__, bool: bool}
 
 
 def describe_value(v):
@@ -10,7 +13,10 @@ def describe_value(v):
     if v is None:
         return None
     if isinstance(v, _SCALARS):
-        return {"type": type(v).__name__, "value": v}
+        t = type(v)
+        if t not in _PLAIN:
+            v = next(plain(v) for base, plain in _PLAIN.items() if isinstance(v, base))
+        return {"type": t.__name__, "value": v}
     if isinstance(v, slice):
         return {"type": "slice", "value": [_plain(v.start), _plain(v.stop), _plain(v.step)]}
     if isinstance(v, torch.Size):

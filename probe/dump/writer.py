@@ -23,9 +23,12 @@ import time
 
 import numpy as np
 
+from probe.dump.entry_process import FOOTER as _FOOTER
+from probe.dump.entry_process import EntryProcess, EntryProcessError, append_entries
+
 _HEADER_KEYS = ("task", "level", "framework", "dump_data_dir")
-_FOOTER = b"\n }\n}\n"
 _FLUSH_ENTRIES = 2000
+_HELPER_BATCH = 16   # entries per hand-over to the helper process: it encodes while training runs
 _FLUSH_SECONDS = 1.0
 _MAX_PENDING_BYTES = 512 << 20
 
@@ -82,6 +85,7 @@ class _StepFiles:
             header["dump_data_dir"] = os.path.join(rank_dir, "dump_tensor_data")
         self.count = 0
         head = "{\n" + "".join(f' {json.dumps(k)}: {json.dumps(header.get(k))},\n' for k in _HEADER_KEYS)
+        self.dump_path = os.path.join(rank_dir, "dump.json")
         self.dump = self._create("dump.json", head.encode() + b' "data": {' + _FOOTER)
         self.stack = self._create("stack.json", b"{}")
         self.construct = self._create("construct.json", b"{}")
@@ -102,13 +106,12 @@ class _StepFiles:
         self.staging = None
 
     def append(self, entries):
-        parts = []
-        for name, body in entries:
-            parts.append(f"{',' if self.count else ''}\n  {json.dumps(name)}: {json.dumps(body)}")
-            self.count += 1
-        self.dump.seek(-len(_FOOTER), os.SEEK_END)
-        self.dump.write("".join(parts).encode() + _FOOTER)
-        self.dump.flush()
+        self.count = append_entries(self.dump, self.count, entries)
+
+    def recount(self):
+        """Entries dump.json holds on disk (after a helper process wrote some of them)."""
+        self.dump.seek(0)
+        self.count = len(json.loads(self.dump.read().decode())["data"])
 
     def write_meta(self, stack_json, construct_json):
         _rewrite(self.stack, _one_key_per_line(stack_json))
@@ -127,7 +130,13 @@ class _StepFiles:
 
 
 class DumpWriter:
-    """Files of one dump run. Methods are called from the training thread."""
+    """Files of one dump run. Methods are called from the training thread.
+
+    Statistics entries are encoded by a helper process (``entry_process``) where one can
+    run, else by the training thread at flush points.
+    """
+
+    use_helper_process = True   # False: encode entries in this process (tests compare both)
 
     def __init__(self, task, level):
         self.header = {"task": task, "level": level, "framework": "pytorch", "dump_data_dir": None}
@@ -136,6 +145,9 @@ class DumpWriter:
         self._pending = []           # entries not yet written
         self._direct = False         # entries written by the calling thread (see open_dir)
         self._opened = threading.Event()   # set by the writer thread once the folder is in place
+        self._helper = None          # EntryProcess; False once it failed or cannot run
+        self._helper_files = None    # the _StepFiles the helper appends to
+        self._flush_entries = _FLUSH_ENTRIES
         self.before_flush = None     # called before entries are encoded (async_dump)
         self._current = None         # the open step folder (set by the writer thread)
         self._last_flush = time.monotonic()
@@ -153,6 +165,7 @@ class DumpWriter:
         # handing small writes to a thread costs more in GIL hand-offs than the writes.
         # With tensor files they go through the queue, behind the files they name.
         self._direct = not with_tensors
+        self._flush_entries = _HELPER_BATCH if self._direct and self._start_helper() else _FLUSH_ENTRIES
         self._opened.clear()
         self._queue.put(("open", rank_dir, with_tensors))
 
@@ -164,7 +177,7 @@ class DumpWriter:
         if os.getpid() != self._pid:   # a forked child must not write into the parent's files
             return
         self._pending.append((name, body))
-        if len(self._pending) >= _FLUSH_ENTRIES or time.monotonic() - self._last_flush > _FLUSH_SECONDS:
+        if len(self._pending) >= self._flush_entries or time.monotonic() - self._last_flush > _FLUSH_SECONDS:
             self._flush_pending()
 
     def add_tensor(self, file_name, array):
@@ -189,8 +202,9 @@ class DumpWriter:
     def sync(self):
         """Block until everything is on disk."""
         self._flush_pending()
-        if self._direct:   # written by this thread already; the queue holds only folder work
+        if self._direct:   # written already; the queue holds only folder work
             self._wait_open()
+            self._sync_helper()
         else:
             self._wait_queue()
 
@@ -218,6 +232,59 @@ class DumpWriter:
         self.sync()
         self._queue.put(("stop",))
         self._thread.join(timeout=30)
+        if self._helper and os.getpid() == self._pid:
+            self._helper.close()
+        self._helper = False
+
+    # ---- the helper process ----------------------------------------------
+    def _start_helper(self):
+        if self._helper is None and self.use_helper_process:
+            self._helper = EntryProcess.start() or False
+        return bool(self._helper)
+
+    def _to_helper(self, entries):
+        """Hand entries to the helper process; False where this process must write them."""
+        files = self._current
+        if not self._helper or files is None or os.getpid() != self._pid:
+            return False
+        try:
+            if self._helper_files is not files:
+                self._helper.open(files.dump_path, files.count)
+                self._helper_files = files
+            self._helper.send(entries)
+        except EntryProcessError as exc:
+            self._drop_helper(exc)
+            return False
+        except ValueError:   # a value marshal cannot carry: this batch is written here,
+            self._sync_helper()          # after the helper's, and the helper is told the new
+            self._helper_files = None    # count before its next batch
+            return False
+        files.count += len(entries)
+        return True
+
+    def _sync_helper(self):
+        if self._helper and self._helper_files is not None and os.getpid() == self._pid:
+            try:
+                self._helper.sync()
+            except EntryProcessError as exc:
+                self._drop_helper(exc)
+
+    def _drop_helper(self, exc):
+        """Encode here from now on, counting what the helper got onto disk."""
+        logging.getLogger("probe").warning("probe: the dump's helper process failed (%s); "
+                                           "entries are encoded in the training process from now on", exc)
+        helper, self._helper = self._helper, False
+        self._flush_entries = _FLUSH_ENTRIES
+        try:
+            helper.close(timeout=2)
+        except Exception:   # already gone
+            pass
+        files, self._helper_files = self._helper_files, None
+        if files is not None:
+            try:
+                files.recount()
+            except Exception as err:   # cut short mid-write: report, keep going
+                self._report(err)
 
 
     def _flush_pending(self):
@@ -232,7 +299,8 @@ class DumpWriter:
         entries, self._pending = self._pending, []
         if self._direct:
             self._wait_open()
-            self._write_here(lambda files: files.append(entries))
+            if not self._to_helper(entries):
+                self._write_here(lambda files: files.append(entries))
         else:
             self._queue.put(("entries", entries))
 
