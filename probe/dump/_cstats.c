@@ -86,6 +86,19 @@ static void reduce_f32_scalar(const float *p, Py_ssize_t n, facc *a) {
     a->max = mx; a->min = mn; a->sum += s; a->sumsq += ss;
 }
 
+/* Vector lanes, stored to memory, folded into the accumulator. */
+static void fold_lanes(const float *mx, const float *mn, int nf, const double *s, const double *q, int nd,
+                       facc *a) {
+    for (int k = 0; k < nf; k++) {
+        a->max = mx[k] > a->max ? mx[k] : a->max;
+        a->min = mn[k] < a->min ? mn[k] : a->min;
+    }
+    for (int k = 0; k < nd; k++) {
+        a->sum += s[k];
+        a->sumsq += q[k];
+    }
+}
+
 #if defined(__SSE2__)
 #include <immintrin.h>
 
@@ -103,16 +116,13 @@ static void reduce_f32_sse2(const float *p, Py_ssize_t n, facc *a) {
         q0 = _mm_add_pd(q0, _mm_mul_pd(lo, lo));
         q1 = _mm_add_pd(q1, _mm_mul_pd(hi, hi));
     }
-    float f[4];
-    double d[2];
-    _mm_storeu_ps(f, mx);
-    for (int k = 0; k < 4; k++) a->max = f[k] > a->max ? f[k] : a->max;
-    _mm_storeu_ps(f, mn);
-    for (int k = 0; k < 4; k++) a->min = f[k] < a->min ? f[k] : a->min;
-    _mm_storeu_pd(d, _mm_add_pd(s0, s1));
-    a->sum += d[0] + d[1];
-    _mm_storeu_pd(d, _mm_add_pd(q0, q1));
-    a->sumsq += d[0] + d[1];
+    float fx[4], fn[4];
+    double ds[2], dq[2];
+    _mm_storeu_ps(fx, mx);
+    _mm_storeu_ps(fn, mn);
+    _mm_storeu_pd(ds, _mm_add_pd(s0, s1));
+    _mm_storeu_pd(dq, _mm_add_pd(q0, q1));
+    fold_lanes(fx, fn, 4, ds, dq, 2, a);
     reduce_f32_scalar(p + i, n - i, a);
 }
 
@@ -137,16 +147,13 @@ __attribute__((target("avx2,fma"))) static void reduce_f32_avx2(const float *p, 
         q2 = _mm256_fmadd_pd(y0, y0, q2);
         q3 = _mm256_fmadd_pd(y1, y1, q3);
     }
-    float f[8];
-    double d[4];
-    _mm256_storeu_ps(f, mx);
-    for (int k = 0; k < 8; k++) a->max = f[k] > a->max ? f[k] : a->max;
-    _mm256_storeu_ps(f, mn);
-    for (int k = 0; k < 8; k++) a->min = f[k] < a->min ? f[k] : a->min;
-    _mm256_storeu_pd(d, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
-    a->sum += (d[0] + d[1]) + (d[2] + d[3]);
-    _mm256_storeu_pd(d, _mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(q2, q3)));
-    a->sumsq += (d[0] + d[1]) + (d[2] + d[3]);
+    float fx[8], fn[8];
+    double ds[4], dq[4];
+    _mm256_storeu_ps(fx, mx);
+    _mm256_storeu_ps(fn, mn);
+    _mm256_storeu_pd(ds, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+    _mm256_storeu_pd(dq, _mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(q2, q3)));
+    fold_lanes(fx, fn, 8, ds, dq, 4, a);
     reduce_f32_sse2(p + i, n - i, a);
 }
 #endif
