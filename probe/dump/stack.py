@@ -6,6 +6,7 @@ cheap to read, and formatted only the first time it is seen.
 Frames of probe itself, of torch's function-mode plumbing, and the API's own dispatch
 frame are left out, so the innermost frame is the line that called the API.
 """
+import json
 import linecache
 import os
 import sys
@@ -35,6 +36,7 @@ class StackTable:
     def __init__(self):
         self._ids = {}        # key -> id
         self.stacks = []      # id -> list of formatted frames, innermost first
+        self._frames_text = []   # id -> those frames as JSON, encoded once
         self._used = {}       # id -> entry names of this step, in first-use order
         self._codes = []      # id -> the code objects its key names by id()
 
@@ -43,6 +45,7 @@ class StackTable:
         if len(self.stacks) > _MAX_KEPT:
             self._ids.clear()
             self.stacks = []
+            self._frames_text = []
             self._codes = []
 
     def capture(self, entry_name, api_code=None):
@@ -70,6 +73,7 @@ class StackTable:
                 codes.append(f.f_code)
                 f = f.f_back
             self.stacks.append(frames)
+            self._frames_text.append(json.dumps(frames))
             self._codes.append(codes)   # alive, so no other code object can take their ids
         names = self._used.get(sid)
         if names is None:
@@ -77,6 +81,14 @@ class StackTable:
         else:
             names.append(entry_name)
         return sid
+
+    def to_text(self):
+        """stack.json's text for this step: ``to_json`` with one stack per line, each
+        stack's frames encoded when it was first seen (they repeat every step)."""
+        if not self._used:
+            return "{}"
+        return "{\n" + ",\n".join(f' "{i}": [{json.dumps(names)}, {self._frames_text[sid]}]'
+                                    for i, (sid, names) in enumerate(self._used.items())) + "\n}\n"
 
     def to_json(self):
         """msprobe's grouped layout for this step: {"0": [[names], [frames]], ...}."""

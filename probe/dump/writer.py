@@ -114,7 +114,8 @@ class _StepFiles:
         self.count = len(json.loads(self.dump.read().decode())["data"])
 
     def write_meta(self, stack_json, construct_json):
-        _rewrite(self.stack, _one_key_per_line(stack_json))
+        """stack.json from its dict, or its text already made (``StackTable.to_text``)."""
+        _rewrite(self.stack, stack_json if isinstance(stack_json, str) else _one_key_per_line(stack_json))
         _rewrite(self.construct, _one_key_per_line(construct_json))
 
     def close(self):
