@@ -10,13 +10,15 @@ are on disk, so a step's files are still complete when ``step()`` returns.
     proc = EntryProcess.start()            # None where no helper can run
     proc.open("/dump/step0/rank/dump.json", count=0)
     proc.send([("Functional.linear.0.forward", {...}), ...])
-    proc.sync()                            # True once written
+    proc.sync()                            # returns once all of it is on disk
     proc.close()
 
 A failure of the helper (it cannot start, or dies) raises ``EntryProcessError``; the
-writer then encodes in its own process again. Entries marshal cannot carry (a numpy
-float argument) raise ``ValueError`` from ``send``: the writer encodes that batch itself. The helper is
-this file run as a script: standard library only, no torch, so it starts in ~20 ms. It
+writer then encodes in its own process again. Entries marshal refuses (a float subclass)
+raise ``ValueError`` from ``send``: the writer encodes that batch itself. (marshal turns
+buffer-protocol objects such as numpy floats into bytes instead, which is why entries
+hold builtin values only: ``records.describe_value``.) The helper is this file run as a
+script: standard library only, no torch, so it starts in ~20 ms. It
 is in a session of its own, so a Ctrl-C meant for training does not kill it mid-write;
 it exits on ``close()`` or when the pipe closes (the training process died), after
 writing everything it received.
@@ -101,9 +103,7 @@ class EntryProcess:
         try:
             self._send(("exit",))
             self._out.close()
-        except EntryProcessError:
-            pass
-        except OSError:
+        except (EntryProcessError, OSError):
             pass
         try:
             self._proc.wait(timeout)

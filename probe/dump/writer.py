@@ -113,9 +113,9 @@ class _StepFiles:
         self.dump.seek(0)
         self.count = len(json.loads(self.dump.read().decode())["data"])
 
-    def write_meta(self, stack_json, construct_json):
-        """stack.json from its dict, or its text already made (``StackTable.to_text``)."""
-        _rewrite(self.stack, stack_json if isinstance(stack_json, str) else _one_key_per_line(stack_json))
+    def write_meta(self, stack_text, construct_json):
+        """stack.json as ``StackTable.to_text`` made it; construct.json from its dict."""
+        _rewrite(self.stack, stack_text)
         _rewrite(self.construct, _one_key_per_line(construct_json))
 
     def close(self):
@@ -162,9 +162,10 @@ class DumpWriter:
     def open_dir(self, rank_dir, with_tensors):
         """Start a fresh step/rank folder, replacing what an earlier run left there."""
         self._flush_pending()
-        # Without tensor files, entries are written by the training thread at flush points:
-        # handing small writes to a thread costs more in GIL hand-offs than the writes.
-        # With tensor files they go through the queue, behind the files they name.
+        # Without tensor files, entries leave from the training thread at flush points: to
+        # the helper process, or written here (handing small writes to a thread costs more
+        # in GIL hand-offs than the writes). With tensor files they go through the queue,
+        # behind the files they name.
         self._direct = not with_tensors
         self._flush_entries = _HELPER_BATCH if self._direct and self._start_helper() else _FLUSH_ENTRIES
         self._opened.clear()
@@ -192,13 +193,13 @@ class DumpWriter:
             self._bytes += size
         self._queue.put(("tensor", file_name, array))
 
-    def write_meta(self, stack_json, construct_json):
+    def write_meta(self, stack_text, construct_json):
         self._flush_pending()
         if self._direct:
             self._wait_open()
-            self._write_here(lambda files: files.write_meta(stack_json, construct_json))
+            self._write_here(lambda files: files.write_meta(stack_text, construct_json))
         else:
-            self._queue.put(("meta", stack_json, construct_json))
+            self._queue.put(("meta", stack_text, construct_json))
 
     def sync(self):
         """Block until everything is on disk."""

@@ -65,8 +65,8 @@ class _Mode(TorchFunctionMode):
         super().__init__()
         self._by_func = interceptor.resolved.by_func
         operators = interceptor.resolved.operators
-        self._op_impls = operators.by_impl if operators is not None else {}
-        self._op_name = operators.name if operators is not None else None
+        self._op_impls = operators.by_impl
+        self._op_name = operators.name
         self._call = interceptor.call
 
     def __torch_function__(self, func, types_, args=(), kwargs=None):
@@ -144,8 +144,7 @@ class Interceptor:
     def __init__(self, resolved, handler):
         self.resolved = resolved
         self.handler = handler
-        patched = resolved.operators.patched if resolved.operators is not None else resolved.dunders
-        self.patched_names = {(torch.Tensor, attr): full for attr, full in patched.items()}
+        self.patched_names = {(torch.Tensor, attr): full for attr, full in resolved.operators.patched.items()}
         self.patched_names.update(((owner, attr), full) for owner, attr, full in resolved.patched)
         # Collectives cannot run before a process group exists: patched only once one does.
         self._collectives = [k for k, full in self.patched_names.items() if full.startswith("Distributed.")]
@@ -167,8 +166,7 @@ class Interceptor:
     def start(self):
         if self._mode is not None:
             return
-        self._patched_now = self._always + (self._collectives if _process_group_exists() else [])
-        _patches.acquire(self._patched_now)
+        _patches.acquire(self._always + (self._collectives if _process_group_exists() else []))
         self._mode = _Mode(self)
         self._mode.__enter__()
         self._outer, state.active = state.active, self

@@ -21,7 +21,6 @@ named as the method they run (``Tensor.div``).
 """
 import dis
 import sys
-import threading
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -150,7 +149,6 @@ def _plumbing_codes():
 
 
 _PLUMBING = _plumbing_codes()
-_lock = threading.Lock()
 _sites = {}   # (id(code), lasti) -> (code, symbol or None)
 _codes = {}   # id(code) -> (code, {offset: symbol})
 
@@ -172,8 +170,7 @@ def _caller_symbol(depth=3):
     if hit is not None and hit[0] is code:
         return hit[1]
     symbol = _symbols_of(code).get(f.f_lasti)
-    with _lock:
-        _sites[key] = (code, symbol)   # the code object is kept: its id cannot be reused
+    _sites[key] = (code, symbol)   # the code object is kept: its id cannot be reused
     return symbol
 
 
@@ -186,6 +183,5 @@ def _symbols_of(code):
         s = _symbol(ins)
         if s is not None:
             table[ins.offset] = s
-    with _lock:
-        _codes[id(code)] = (code, table)
+    _codes[id(code)] = (code, table)
     return table
