@@ -123,3 +123,30 @@ def test_helper_cannot_start_so_the_training_process_encodes(make_debugger, dump
     monkeypatch.setattr(EntryProcess, "start", classmethod(lambda cls: None))
     _run(make_debugger, dump_dir, make_gpt, steps=1)
     assert len(load_dump(dump_dir, 0)) > 20
+
+
+def test_entries_pending_at_stop_are_appended_here_and_the_helper_continues(tmp_path):
+    """stop() encodes what is still pending in this process while the helper finishes its
+    batches, then appends it; the helper's next batch must land after it, with its comma."""
+    writer = writer_mod.DumpWriter("statistics", "L1")
+    writer.open_dir(str(tmp_path / "step0" / "rank"), with_tensors=False)
+    names = []
+
+    def add(n):
+        for _ in range(n):
+            names.append(f"Torch.relu.{len(names)}.forward")
+            writer.add_entry(names[-1], {"i": len(names)})
+
+    add(writer_mod._HELPER_BATCH + 3)          # one batch to the helper, three pending
+    writer.write_meta("{}", {})                # what stop() does
+    assert writer._pending == [] and writer._helper_files is None
+    with open(tmp_path / "step0" / "rank" / "dump.json", encoding="utf-8") as f:
+        assert len(json.load(f)["data"]) == len(names)     # on disk before step()
+    add(2 * writer_mod._HELPER_BATCH + 1)      # the helper again, re-opened at the new count
+    writer.sync()
+    helper = writer._helper
+    assert isinstance(helper, EntryProcess) and helper._proc.poll() is None
+    writer.close()
+    data = load_dump(str(tmp_path), 0)
+    assert list(data) == names
+    assert [v["i"] for v in data.values()] == list(range(1, len(names) + 1))

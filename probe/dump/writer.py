@@ -24,7 +24,8 @@ import time
 import numpy as np
 
 from probe.dump.entry_process import FOOTER as _FOOTER
-from probe.dump.entry_process import EntryProcess, EntryProcessError, append_entries
+from probe.dump.entry_process import (EntryProcess, EntryProcessError, append_entries, append_text,
+                                      encode_entries)
 
 _HEADER_KEYS = ("task", "level", "framework", "dump_data_dir")
 _FLUSH_ENTRIES = 2000
@@ -108,6 +109,11 @@ class _StepFiles:
     def append(self, entries):
         self.count = append_entries(self.dump, self.count, entries)
 
+    def append_text(self, text, n):
+        """``n`` entries that ``encode_entries(self.count, ...)`` encoded."""
+        append_text(self.dump, text)
+        self.count += n
+
     def recount(self):
         """Entries dump.json holds on disk (after a helper process wrote some of them)."""
         self.dump.seek(0)
@@ -134,7 +140,9 @@ class DumpWriter:
     """Files of one dump run. Methods are called from the training thread.
 
     Statistics entries are encoded by a helper process (``entry_process``) where one can
-    run, else by the training thread at flush points.
+    run, else by the training thread at flush points. At ``stop()`` the few entries not
+    yet handed over are encoded here while the helper finishes its batches, so ``step()``
+    does not wait for a round of encoding in the helper.
     """
 
     use_helper_process = True   # False: encode entries in this process (tests compare both)
@@ -146,8 +154,12 @@ class DumpWriter:
         self._pending = []           # entries not yet written
         self._direct = False         # entries written by the calling thread (see open_dir)
         self._opened = threading.Event()   # set by the writer thread once the folder is in place
+        self._meta_written = threading.Event()   # set by the writer thread after the last "meta"
+        self._meta_written.set()
+        self._meta_sent = 0
         self._helper = None          # EntryProcess; False once it failed or cannot run
         self._helper_files = None    # the _StepFiles the helper appends to
+        self._unacked = False        # entries sent to the helper since its last acknowledgement
         self._flush_entries = _FLUSH_ENTRIES
         self.before_flush = None     # called before entries are encoded (async_dump)
         self._current = None         # the open step folder (set by the writer thread)
@@ -194,26 +206,34 @@ class DumpWriter:
         self._queue.put(("tensor", file_name, array))
 
     def write_meta(self, stack_text, construct_json):
-        self._flush_pending()
+        """stack.json and construct.json, rewritten by the writer thread (``sync`` waits).
+
+        In direct mode they are queued first: the writer thread writes them while this
+        thread waits for the helper process (the thread needs the GIL this one holds)."""
+        if not self._direct:
+            self._flush_pending()    # the entries' tensor files go ahead in the queue
+        self._meta_sent += 1
+        self._meta_written.clear()
+        self._queue.put(("meta", stack_text, construct_json, self._meta_sent))
         if self._direct:
-            self._wait_open()
-            self._write_here(lambda files: files.write_meta(stack_text, construct_json))
-        else:
-            self._queue.put(("meta", stack_text, construct_json))
+            self._drain()
 
     def sync(self):
         """Block until everything is on disk."""
-        self._flush_pending()
-        if self._direct:   # written already; the queue holds only folder work
-            self._wait_open()
-            self._sync_helper()
+        if self._direct:   # entries are written here or by the helper; the queue holds
+            self._drain()              # only folder work and stack.json / construct.json
+            self._wait_event(self._meta_written)
         else:
+            self._flush_pending()
             self._wait_queue()
 
     def _wait_open(self):
         """Wait for the writer thread to have the current folder in place (a round trip
         through the queue costs ~60 us of thread hand-offs; this is usually done already)."""
-        while not self._opened.wait(0.5):
+        self._wait_event(self._opened)
+
+    def _wait_event(self, event):
+        while not event.wait(0.5):
             if not self._thread.is_alive():
                 break
 
@@ -262,6 +282,7 @@ class DumpWriter:
             self._helper_files = None    # count before its next batch
             return False
         files.count += len(entries)
+        self._unacked = True
         return True
 
     def _sync_helper(self):
@@ -270,6 +291,35 @@ class DumpWriter:
                 self._helper.sync()
             except EntryProcessError as exc:
                 self._drop_helper(exc)
+        self._unacked = False
+
+    def _drain(self):
+        """Direct mode: every entry so far onto disk. What is still pending is encoded here
+        while the helper finishes the batches it was sent, and appended once it has: at the
+        end of a step, that overlaps the helper's round trip rather than adding to it."""
+        entries = self._take_pending()
+        if not entries and not self._unacked:
+            return
+        self._wait_open()
+        files = self._current
+        helper = self._helper and self._helper_files is files and os.getpid() == self._pid
+        if not entries or not helper or files is None:
+            self._sync_helper()
+            if entries:
+                self._write_here(lambda files: files.append(entries))
+            return
+        try:
+            self._helper.request_sync()
+            count = files.count
+            text = encode_entries(count, entries)
+            self._helper.wait_sync()
+        except EntryProcessError as exc:
+            self._drop_helper(exc)    # recounts what reached the disk
+            self._write_here(lambda files: files.append(entries))
+            return
+        self._unacked = False
+        self._helper_files = None     # the helper's count is behind now: re-opened before its next batch
+        self._write_here(lambda files: files.append_text(text, len(entries)))
 
     def _drop_helper(self, exc):
         """Encode here from now on, counting what the helper got onto disk."""
@@ -289,16 +339,23 @@ class DumpWriter:
                 self._report(err)
 
 
-    def _flush_pending(self):
+    def _take_pending(self):
+        """The pending entries, complete (async_dump fills in their numbers here)."""
         self._last_flush = time.monotonic()
         if not self._pending:
-            return
+            return []
         if self.before_flush is not None:
             try:
-                self.before_flush()   # async_dump: the entries' numbers arrive here
+                self.before_flush()
             except Exception as exc:
                 self._report(exc)
         entries, self._pending = self._pending, []
+        return entries
+
+    def _flush_pending(self):
+        entries = self._take_pending()
+        if not entries:
+            return
         if self._direct:
             self._wait_open()
             if not self._to_helper(entries):
@@ -355,7 +412,11 @@ class DumpWriter:
                             self._bytes -= item[2].nbytes
                             self._bytes_cv.notify_all()
                 elif kind == "meta":
-                    current.write_meta(item[1], item[2])
+                    try:
+                        current.write_meta(item[1], item[2])
+                    finally:
+                        if item[3] == self._meta_sent:   # not when a newer one is queued
+                            self._meta_written.set()
                 while trash and self._queue.empty():  # idle: clear what earlier runs left
                     shutil.rmtree(trash.pop(), ignore_errors=True)
             except Exception as exc:  # never kill the thread: report once, keep going
