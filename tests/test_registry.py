@@ -178,7 +178,7 @@ def _without(section, name):
 ])
 def test_deleting_a_line_removes_only_that_api(tmp_path, resolved, section, name, obj):
     edited = resolve(load_registry(_write(tmp_path, _without(section, name))))
-    by_func = dict(resolved.by_func)
+    by_func = dict(resolved.by_func.named())
     dunders = dict(resolved.dunders)
     patched = list(resolved.patched)
     aten = set(resolved.aten)
@@ -191,7 +191,7 @@ def test_deleting_a_line_removes_only_that_api(tmp_path, resolved, section, name
     else:
         patched = [p for p in patched if p[2] != f"{SECTION_PREFIX[section]}.{name}"]
         assert len(patched) == len(resolved.patched) - 1
-    assert edited.by_func == by_func
+    assert dict(edited.by_func.named()) == by_func
     assert edited.dunders == dunders
     assert edited.patched == patched
     assert edited.aten == aten
@@ -213,3 +213,14 @@ def test_generator_runs_and_output_loads(tmp_path, monkeypatch):
         assert names == sorted(names), section
         assert len(names) >= MIN_COUNTS[section], section
     assert yaml.safe_load(out.read_text()).keys() == REGISTRY.ops.keys()
+
+
+def test_function_names_remember_unregistered_functions_as_none(resolved):
+    """The function mode's one-subscript lookup: registered -> name, anything else -> None."""
+    names = type(resolved.by_func)(resolved.by_func)
+    assert names[F.linear] == "Functional.linear"
+    assert names[torch.Tensor.is_floating_point] is None        # not registered: remembered
+    assert torch.Tensor.is_floating_point in names
+    assert names.get(torch.Tensor.is_floating_point, "x") == "x"
+    assert names.get([], "x") == "x"                             # unhashable
+    assert dict(names.named()) == {f: n for f, n in names.items() if n is not None}

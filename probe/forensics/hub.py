@@ -18,6 +18,7 @@ import threading
 import torch
 
 from probe.forensics._common import capture, log_once
+from probe.hook_module.registry import FuncNames
 
 CUSTOM_PREFIX = "Custom."
 # Namespaces of ops that ship with torch: the registry covers them where it wants them.
@@ -48,22 +49,14 @@ def custom_op_name(func):
     return None
 
 
-class WithCustomOps(dict):
+class WithCustomOps(FuncNames):
     """The registry's ``by_func`` that also names custom ops (looked up on first sight)."""
 
-    def get(self, func, default=None):
-        name = dict.get(self, func, _MISS)
-        if name is not _MISS:
-            return name
+    def name_unknown(self, func):
         try:
-            name = custom_op_name(func)
-            self[func] = name   # cached, None included: the hot path stays one dict lookup
-        except TypeError:       # unhashable: not an operator
-            name = None
-        return default if name is None else name
-
-
-_MISS = object()
+            return custom_op_name(func)
+        except TypeError:
+            return None
 
 
 class Call:

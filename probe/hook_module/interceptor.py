@@ -73,7 +73,10 @@ class _Mode(TorchFunctionMode):
         if kwargs is None:
             kwargs = {}
         if not state.depth:
-            name = self._by_func.get(func)
+            try:
+                name = self._by_func[func]   # None: not registered (FuncNames)
+            except TypeError:    # unhashable: not a function
+                name = None
             if func in self._op_impls:   # an operator's implementation: which was it?
                 name = self._op_name(func, name)
             if name is not None:

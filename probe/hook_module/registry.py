@@ -44,10 +44,35 @@ class Registry:
     ops: dict
 
 
+class FuncNames(dict):
+    """Function -> "Prefix.name". A function not registered maps to None, remembered on
+    first sight, so the function mode looks every torch call up with one subscript (a
+    ``get`` method written in Python would cost a call per torch call)."""
+
+    def __missing__(self, func):
+        name = self[func] = self.name_unknown(func)
+        return name
+
+    def name_unknown(self, func):
+        """Name of a function met for the first time (subclasses name custom ops)."""
+        return None
+
+    def get(self, func, default=None):
+        try:
+            name = self[func]
+        except TypeError:   # unhashable: not a function
+            return default
+        return default if name is None else name
+
+    def named(self):
+        """(function, name) pairs of the registered functions."""
+        return ((f, n) for f, n in self.items() if n is not None)
+
+
 @dataclass
 class ResolvedRegistry:
     """Registry entries turned into what the interceptor needs on the hot path."""
-    by_func: dict = field(default_factory=dict)     # object the function mode sees -> "Prefix.name"
+    by_func: FuncNames = field(default_factory=FuncNames)   # object the function mode sees -> "Prefix.name"
     dunders: dict = field(default_factory=dict)     # torch.Tensor dunder attr -> "Tensor.__add__"
     operators: object = None                        # OperatorNames: how the dunders are told apart
     patched: list = field(default_factory=list)     # (owner object, attr, "Prefix.name") to patch

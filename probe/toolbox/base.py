@@ -57,7 +57,7 @@ def aliases(name):
 def func_table(resolved):
     """API name -> the callable to run it (for replay)."""
     table = {}
-    for func, name in resolved.by_func.items():
+    for func, name in resolved.by_func.named():
         table.setdefault(name, func)
     for attr, name in resolved.dunders.items():
         table.setdefault(name, getattr(torch.Tensor, attr))
