@@ -37,6 +37,19 @@ _MAX_PENDING_BYTES = 512 << 20
 _npy_headers = {}  # (dtype, shape) -> .npy header bytes
 
 
+class _Process:
+    """This process's id, updated in a forked child: ``os.getpid()`` is a system call,
+    and ``add_entry`` asks on every entry whether it runs in the writer's process."""
+    pid = os.getpid()
+
+
+def _after_fork():
+    _Process.pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def _write_npy(path, arr):
     """np.save's format with the header built once per (dtype, shape): formatting it is
     most of np.save's Python cost for the small tensors a model has by the hundred."""
@@ -150,7 +163,7 @@ class DumpWriter:
     def __init__(self, task, level):
         self.header = {"task": task, "level": level, "framework": "pytorch", "dump_data_dir": None}
         self._queue = queue.SimpleQueue()
-        self._pid = os.getpid()
+        self._pid = _Process.pid
         self._pending = []           # entries not yet written
         self._direct = False         # entries written by the calling thread (see open_dir)
         self._opened = threading.Event()   # set by the writer thread once the folder is in place
@@ -188,7 +201,7 @@ class DumpWriter:
         self._queue.put(("prepare", rank_dir, with_tensors))
 
     def add_entry(self, name, body):
-        if os.getpid() != self._pid:   # a forked child must not write into the parent's files
+        if _Process.pid != self._pid:   # a forked child must not write into the parent's files
             return
         self._pending.append((name, body))
         if len(self._pending) >= self._flush_entries or time.monotonic() - self._last_flush > _FLUSH_SECONDS:
@@ -196,7 +209,7 @@ class DumpWriter:
 
     def add_tensor(self, file_name, array):
         """Queue a CPU numpy array for ``dump_tensor_data/file_name``."""
-        if os.getpid() != self._pid:
+        if _Process.pid != self._pid:
             return
         size = array.nbytes
         with self._bytes_cv:
@@ -254,7 +267,7 @@ class DumpWriter:
         self.sync()
         self._queue.put(("stop",))
         self._thread.join(timeout=30)
-        if self._helper and os.getpid() == self._pid:
+        if self._helper and _Process.pid == self._pid:
             self._helper.close()
         self._helper = False
 
@@ -267,7 +280,7 @@ class DumpWriter:
     def _to_helper(self, entries):
         """Hand entries to the helper process; False where this process must write them."""
         files = self._current
-        if not self._helper or files is None or os.getpid() != self._pid:
+        if not self._helper or files is None or _Process.pid != self._pid:
             return False
         try:
             if self._helper_files is not files:
@@ -286,7 +299,7 @@ class DumpWriter:
         return True
 
     def _sync_helper(self):
-        if self._helper and self._helper_files is not None and os.getpid() == self._pid:
+        if self._helper and self._helper_files is not None and _Process.pid == self._pid:
             try:
                 self._helper.sync()
             except EntryProcessError as exc:
@@ -302,7 +315,7 @@ class DumpWriter:
             return
         self._wait_open()
         files = self._current
-        helper = self._helper and self._helper_files is files and os.getpid() == self._pid
+        helper = self._helper and self._helper_files is files and _Process.pid == self._pid
         if not entries or not helper or files is None:
             self._sync_helper()
             if entries:
