@@ -299,7 +299,7 @@ class DumpWriter:
         return True
 
     def _sync_helper(self):
-        if self._helper and self._helper_files is not None and _Process.pid == self._pid:
+        if self._unacked and self._helper and self._helper_files is not None and _Process.pid == self._pid:
             try:
                 self._helper.sync()
             except EntryProcessError as exc:
