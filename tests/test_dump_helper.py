@@ -110,13 +110,17 @@ def test_a_batch_marshal_refuses_is_written_in_process_in_order(tmp_path):
     for i in range(3 * writer_mod._HELPER_BATCH):
         names.append(f"Torch.relu.{i}.forward")
         writer.add_entry(names[-1], {"w": Weight(i) if i == writer_mod._HELPER_BATCH + 3 else float(i)})
-    writer.sync()
-    helper = writer._helper
-    assert isinstance(helper, EntryProcess) and helper._proc.poll() is None
-    writer.close()
-    data = load_dump(str(tmp_path), 0)
+    data = _sync_with_helper_alive_then_load(writer, tmp_path)
     assert list(data) == names
     assert [v["w"] for v in data.values()] == [float(i) for i in range(len(names))]
+
+
+def _sync_with_helper_alive_then_load(writer, tmp_path):
+    writer.sync()
+    helper = writer._helper
+    assert isinstance(helper, EntryProcess) and helper._proc.poll() is None   # still in use
+    writer.close()
+    return load_dump(str(tmp_path), 0)
 
 
 def test_helper_cannot_start_so_the_training_process_encodes(make_debugger, dump_dir, monkeypatch):
@@ -143,10 +147,6 @@ def test_entries_pending_at_stop_are_appended_here_and_the_helper_continues(tmp_
     with open(tmp_path / "step0" / "rank" / "dump.json", encoding="utf-8") as f:
         assert len(json.load(f)["data"]) == len(names)     # on disk before step()
     add(2 * writer_mod._HELPER_BATCH + 1)      # the helper again, re-opened at the new count
-    writer.sync()
-    helper = writer._helper
-    assert isinstance(helper, EntryProcess) and helper._proc.poll() is None
-    writer.close()
-    data = load_dump(str(tmp_path), 0)
+    data = _sync_with_helper_alive_then_load(writer, tmp_path)
     assert list(data) == names
     assert [v["i"] for v in data.values()] == list(range(1, len(names) + 1))
