@@ -92,7 +92,7 @@ def test_deleting_an_operator_stops_its_dump_but_not_its_methods(tmp_path, make_
 
 
 def test_only_three_tensor_attributes_are_patched_while_dumping(make_debugger):
-    """Each setattr on torch.Tensor costs ~10 us and invalidates attribute caches; the
+    """Each setattr on torch.Tensor costs ~15 us and invalidates attribute caches; the
     collectives are patched only once a process group exists."""
     before = dict(vars(torch.Tensor))
     dist_before = dict(vars(torch.distributed))

@@ -315,24 +315,22 @@ class DumpWriter:
             return
         self._wait_open()
         files = self._current
-        helper = self._helper and self._helper_files is files and _Process.pid == self._pid
-        if not entries or not helper or files is None:
-            self._sync_helper()
-            if entries:
-                self._write_here(lambda files: files.append(entries))
-            return
-        try:
-            self._helper.request_sync()
-            count = files.count
-            text = encode_entries(count, entries)
-            self._helper.wait_sync()
-        except EntryProcessError as exc:
-            self._drop_helper(exc)    # recounts what reached the disk
-            self._write_here(lambda files: files.append(entries))
-            return
-        self._unacked = False
-        self._helper_files = None     # the helper's count is behind now: re-opened before its next batch
-        self._write_here(lambda files: files.append_text(text, len(entries)))
+        if entries and files is not None and self._helper and self._helper_files is files \
+                and _Process.pid == self._pid:
+            try:
+                self._helper.request_sync()
+                text = encode_entries(files.count, entries)
+                self._helper.wait_sync()
+            except EntryProcessError as exc:
+                self._drop_helper(exc)    # recounts what reached the disk; written below
+            else:
+                self._unacked = False
+                self._helper_files = None   # its count is behind now: re-opened before its next batch
+                self._write_here(lambda f: f.append_text(text, len(entries)))
+                return
+        self._sync_helper()
+        if entries:
+            self._write_here(lambda f: f.append(entries))
 
     def _drop_helper(self, exc):
         """Encode here from now on, counting what the helper got onto disk."""
