@@ -204,7 +204,7 @@ class PrecisionDebugger:
         if only_if_grown and mark == self._meta_mark:
             return  # nothing arrived since stop() wrote them
         self._meta_mark = mark
-        self._writer.write_meta(self._collector.stacks.to_text(), dict(construct))
+        self._writer.write_meta(self._collector.stacks.parts(), dict(construct))
 
     def close(self):
         """Finish writing and remove every patch probe installed."""

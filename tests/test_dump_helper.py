@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import signal
+import threading
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import load_dump
-from models import make_convnet, make_gpt, train_step
+from models import make_convnet, make_gpt, make_mlp, train_step
 from probe.dump import writer as writer_mod
 from probe.dump.entry_process import EntryProcess
 
@@ -129,10 +130,16 @@ def test_helper_cannot_start_so_the_training_process_encodes(make_debugger, dump
     assert len(load_dump(dump_dir, 0)) > 20
 
 
-def test_entries_pending_at_stop_are_appended_here_and_the_helper_continues(tmp_path):
-    """stop() encodes what is still pending in this process while the helper finishes its
-    batches, then appends it; the helper's next batch must land after it, with its comma."""
-    writer = writer_mod.DumpWriter("statistics", "L1")
+def _meta(tmp_path):
+    folder = tmp_path / "step0" / "rank"
+    return [json.loads((folder / name).read_text(encoding="utf-8")) for name in ("stack.json", "construct.json")]
+
+
+def test_stop_gives_the_helper_the_meta_files_and_encodes_the_last_entries_here(tmp_path):
+    """stop() hands stack.json and construct.json to the helper and encodes the entries
+    still pending here while it finishes: all of it is on disk when stop() returns, and the
+    helper's next batch lands after those entries, with its comma."""
+    writer = writer_mod.DumpWriter("statistics", "mix")
     writer.open_dir(str(tmp_path / "step0" / "rank"), with_tensors=False)
     names = []
 
@@ -141,12 +148,88 @@ def test_entries_pending_at_stop_are_appended_here_and_the_helper_continues(tmp_
             names.append(f"Torch.relu.{len(names)}.forward")
             writer.add_entry(names[-1], {"i": len(names)})
 
+    def stop():
+        frames = ["File model.py, line 3, in forward, \n y = x.relu()"]
+        writer.write_meta([(tuple(names), json.dumps(frames))], {n: "Module.net.Net.forward.0" for n in names})
+        return {"0": [names[:], frames]}
+
     add(writer_mod._HELPER_BATCH + 3)          # one batch to the helper, three pending
-    writer.write_meta("{}", {})                # what stop() does
+    stack = stop()
     assert writer._pending == [] and writer._helper_files is None
-    with open(tmp_path / "step0" / "rank" / "dump.json", encoding="utf-8") as f:
-        assert len(json.load(f)["data"]) == len(names)     # on disk before step()
+    assert writer._meta_written.is_set()       # nothing for the writer thread to do
+    assert len(load_dump(str(tmp_path), 0)) == len(names)        # on disk before step()
+    assert _meta(tmp_path) == [stack, dict.fromkeys(names, "Module.net.Net.forward.0")]
+
     add(2 * writer_mod._HELPER_BATCH + 1)      # the helper again, re-opened at the new count
+    stack = stop()
     data = _sync_with_helper_alive_then_load(writer, tmp_path)
     assert list(data) == names
     assert [v["i"] for v in data.values()] == list(range(1, len(names) + 1))
+    assert _meta(tmp_path)[0] == stack
+
+
+def test_helper_dead_with_entries_unwritten_they_are_written_here(make_debugger, tmp_path, caplog, monkeypatch):
+    """Entries handed to the helper that it never wrote (it was killed) are written by the
+    training process once it finds the helper gone; stack.json and construct.json too."""
+    def run(dump_path, kill):
+        model, x, _ = make_mlp()
+        dbg = make_debugger(dump_path=dump_path, level="mix")
+        dbg.start(model)
+        model(x)
+        dbg._writer.sync()
+        helper = dbg._writer._helper
+        if kill:
+            os.kill(helper.pid, signal.SIGSTOP)   # it reads nothing more...
+        try:
+            for _ in range(3):
+                model(x)                          # (what is handed over fits the pipe's buffer)
+            assert not kill or dbg._writer._sent  # handed over, not acknowledged
+        finally:
+            if kill:
+                os.kill(helper.pid, signal.SIGKILL)   # ...and dies
+                helper._proc.wait()
+        dbg.stop()
+        dbg.step()
+        dbg.close()
+        folder = os.path.join(dump_path, "step0", "rank")
+        meta = [json.load(open(os.path.join(folder, n), encoding="utf-8")) for n in ("stack.json", "construct.json")]
+        return load_dump(dump_path, 0), meta
+
+    with caplog.at_level(logging.WARNING, logger="probe"):
+        data, (stacks, construct) = run(str(tmp_path / "killed"), kill=True)
+    assert [r for r in caplog.records if "helper process failed" in r.getMessage()]
+    monkeypatch.setattr(writer_mod.DumpWriter, "use_helper_process", False)
+    expected, (expected_stacks, expected_construct) = run(str(tmp_path / "inline"), kill=False)
+    assert list(data) == list(expected) and len(data) > 2 * writer_mod._HELPER_BATCH
+    assert construct == expected_construct
+    assert [names for names, _ in stacks.values()] == [names for names, _ in expected_stacks.values()]
+
+
+def test_helper_dying_while_stop_waits_for_it_loses_nothing(tmp_path):
+    """stop() handed the meta files over and waits for the helper, which dies instead: the
+    batch it never wrote, the pending entries and the meta files are all written here."""
+    writer = writer_mod.DumpWriter("statistics", "mix")
+    writer.open_dir(str(tmp_path / "step0" / "rank"), with_tensors=False)
+    names = [f"Torch.relu.{i}.forward" for i in range(2 * writer_mod._HELPER_BATCH + 3)]
+    for name in names[:writer_mod._HELPER_BATCH]:
+        writer.add_entry(name, {"x": 1.5})
+    writer.sync()
+    helper = writer._helper
+    os.kill(helper.pid, signal.SIGSTOP)        # it reads nothing more
+    killer = threading.Timer(0.3, os.kill, (helper.pid, signal.SIGKILL))
+    killer.start()
+    try:
+        for name in names[writer_mod._HELPER_BATCH:]:
+            writer.add_entry(name, {"x": 1.5})
+        frames = ["File model.py, line 3, in forward, \n y = x.relu()"]
+        stack = {"0": [names, frames]}
+        construct = dict.fromkeys(names, "Module.net.Net.forward.0")
+        writer.write_meta([(tuple(names), json.dumps(frames))], construct)   # waits for the helper
+    finally:
+        killer.join()
+        helper._proc.wait()
+    writer.sync()
+    assert writer._helper is False
+    assert list(load_dump(str(tmp_path), 0)) == names
+    assert _meta(tmp_path) == [stack, dict.fromkeys(names, "Module.net.Net.forward.0")]
+    writer.close()

@@ -24,8 +24,9 @@ it exits on ``close()`` or when the pipe closes (the training process died), aft
 writing everything it received.
 
 Protocol: frames of a 4-byte little-endian length and a marshal payload, one of
-``("open", path, count)``, ``("entries", [(name, body), ...])``, ``("sync", n)`` (the
-helper answers ``n`` on stdout), ``("exit",)``.
+``("open", path, count)``, ``("entries", [(name, body), ...])``, ``("meta", stack_parts,
+construct)`` (stack.json and construct.json beside dump.json), ``("sync", n)`` (the helper
+answers ``n`` on stdout), ``("exit",)``.
 """
 import json
 import marshal
@@ -61,6 +62,37 @@ def append_text(handle, text):
     handle.seek(-len(FOOTER), os.SEEK_END)
     handle.write(text + FOOTER)
     handle.flush()
+
+
+def one_key_per_line(obj):
+    """Readable JSON at C-encoder speed (``indent=`` switches json to its Python encoder)."""
+    if not obj:
+        return "{}"
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()) + "\n}\n"
+
+
+def rewrite(handle, text):
+    """Replace an open file's content."""
+    handle.seek(0)
+    handle.write(text.encode())
+    handle.truncate()
+    handle.flush()
+
+
+def stack_text(parts):
+    """stack.json's text from ``StackTable.parts()``: msprobe's grouped layout, one stack
+    per line, each stack's frames as encoded when it was first seen."""
+    if not parts:
+        return "{}"
+    return "{\n" + ",\n".join(f' "{i}": [{json.dumps(names)}, {frames}]'
+                                for i, (names, frames) in enumerate(parts)) + "\n}\n"
+
+
+def write_meta(folder, stack_parts, construct):
+    """stack.json (from ``StackTable.parts()``) and construct.json (a dict)."""
+    for name, text in (("stack.json", stack_text(stack_parts)), ("construct.json", one_key_per_line(construct))):
+        with open(os.path.join(folder, name), "r+b") as f:
+            rewrite(f, text)
 
 
 def append_entries(handle, count, entries):
@@ -107,8 +139,13 @@ class EntryProcess:
         """Hand entries over; ValueError (nothing sent) for values marshal cannot carry."""
         self._write(marshal.dumps(("entries", entries)))
 
+    def send_meta(self, stack_parts, construct):
+        """stack.json and construct.json, to be written beside dump.json; ValueError
+        (nothing sent) for values marshal cannot carry."""
+        self._write(marshal.dumps(("meta", stack_parts, construct)))
+
     def sync(self):
-        """Block until every entry sent so far is on disk."""
+        """Block until everything sent so far is on disk."""
         self.request_sync()
         self.wait_sync()
 
@@ -161,7 +198,7 @@ def _read_exact(stream, n):
 
 def main():
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    handle, count = None, 0
+    handle, count, folder = None, 0, None
     try:
         while True:
             head = _read_exact(stdin, _LEN.size)
@@ -178,6 +215,9 @@ def main():
                 if handle is not None:
                     handle.close()
                 handle, count = open(message[1], "r+b"), message[2]
+                folder = os.path.dirname(message[1])
+            elif kind == "meta":
+                write_meta(folder, message[1], message[2])
             elif kind == "sync":
                 stdout.write(_LEN.pack(message[1]))
                 stdout.flush()

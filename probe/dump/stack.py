@@ -13,6 +13,8 @@ import sys
 
 import torch
 
+from probe.dump.entry_process import stack_text
+
 _PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_PLUMBING = tuple(
     os.path.join(os.path.dirname(torch.__file__), p)
@@ -82,13 +84,14 @@ class StackTable:
             names.append(entry_name)
         return sid
 
+    def parts(self):
+        """This step's stacks as (entry names, frames encoded as JSON when the stack was
+        first seen): what ``entry_process.stack_text`` turns into stack.json's text."""
+        return [(tuple(names), self._frames_text[sid]) for sid, names in self._used.items()]
+
     def to_text(self):
-        """stack.json's text for this step: ``to_json`` with one stack per line, each
-        stack's frames encoded when it was first seen (they repeat every step)."""
-        if not self._used:
-            return "{}"
-        return "{\n" + ",\n".join(f' "{i}": [{json.dumps(names)}, {self._frames_text[sid]}]'
-                                    for i, (sid, names) in enumerate(self._used.items())) + "\n}\n"
+        """stack.json's text for this step: ``to_json`` with one stack per line."""
+        return stack_text(self.parts())
 
     def to_json(self):
         """msprobe's grouped layout for this step: {"0": [[names], [frames]], ...}."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from probe.dump.entry_process import FOOTER as _FOOTER
 from probe.dump.entry_process import (EntryProcess, EntryProcessError, append_entries, append_text,
-                                      encode_entries)
+                                      encode_entries, one_key_per_line, rewrite, stack_text)
 
 _HEADER_KEYS = ("task", "level", "framework", "dump_data_dir")
 _FLUSH_ENTRIES = 2000
@@ -65,20 +65,6 @@ def _write_npy(path, arr):
     with open(path, "wb") as f:
         f.write(header)
         f.write(arr.data)
-
-
-def _one_key_per_line(obj):
-    """Readable JSON at C-encoder speed (``indent=`` switches json to its Python encoder)."""
-    if not obj:
-        return "{}"
-    return "{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()) + "\n}\n"
-
-
-def _rewrite(handle, text):
-    handle.seek(0)
-    handle.write(text.encode())
-    handle.truncate()
-    handle.flush()
 
 
 class _StepFiles:
@@ -132,10 +118,10 @@ class _StepFiles:
         self.dump.seek(0)
         self.count = len(json.loads(self.dump.read().decode())["data"])
 
-    def write_meta(self, stack_text, construct_json):
-        """stack.json as ``StackTable.to_text`` made it; construct.json from its dict."""
-        _rewrite(self.stack, stack_text)
-        _rewrite(self.construct, _one_key_per_line(construct_json))
+    def write_meta(self, stack_parts, construct_json):
+        """stack.json from ``StackTable.parts()``; construct.json from its dict."""
+        rewrite(self.stack, stack_text(stack_parts))
+        rewrite(self.construct, one_key_per_line(construct_json))
 
     def close(self):
         for f in (self.dump, self.stack, self.construct):
@@ -153,9 +139,10 @@ class DumpWriter:
     """Files of one dump run. Methods are called from the training thread.
 
     Statistics entries are encoded by a helper process (``entry_process``) where one can
-    run, else by the training thread at flush points. At ``stop()`` the few entries not
-    yet handed over are encoded here while the helper finishes its batches, so ``step()``
-    does not wait for a round of encoding in the helper.
+    run, else by the training thread at flush points. At ``stop()`` the helper gets
+    stack.json and construct.json to write, and the few entries not yet handed over are
+    encoded here while it finishes: ``step()`` waits for no round of encoding in the
+    helper, and the writer thread does not compete with this one for the GIL.
     """
 
     use_helper_process = True   # False: encode entries in this process (tests compare both)
@@ -172,7 +159,10 @@ class DumpWriter:
         self._meta_sent = 0
         self._helper = None          # EntryProcess; False once it failed or cannot run
         self._helper_files = None    # the _StepFiles the helper appends to
-        self._unacked = False        # entries sent to the helper since its last acknowledgement
+        self._unacked = False        # sent to the helper since its last acknowledgement
+        self._meta_unacked = None    # (stack parts, construct) the helper has not confirmed yet
+        self._sent = []              # entries the helper has not confirmed yet (written here if it dies)
+        self._sent_base = 0          # entries in its dump.json before them
         self._flush_entries = _FLUSH_ENTRIES
         self.before_flush = None     # called before entries are encoded (async_dump)
         self._current = None         # the open step folder (set by the writer thread)
@@ -218,16 +208,17 @@ class DumpWriter:
             self._bytes += size
         self._queue.put(("tensor", file_name, array))
 
-    def write_meta(self, stack_text, construct_json):
-        """stack.json and construct.json, rewritten by the writer thread (``sync`` waits).
-
-        In direct mode they are queued first: the writer thread writes them while this
-        thread waits for the helper process (the thread needs the GIL this one holds)."""
+    def write_meta(self, stack_parts, construct_json):
+        """stack.json (``StackTable.parts()``) and construct.json: written by the helper process in direct mode,
+        else by the writer thread after the entries' tensor files; ``sync`` waits for both."""
+        if self._direct and self._meta_to_helper(stack_parts, construct_json):
+            self._drain()
+            return
         if not self._direct:
             self._flush_pending()    # the entries' tensor files go ahead in the queue
         self._meta_sent += 1
         self._meta_written.clear()
-        self._queue.put(("meta", stack_text, construct_json, self._meta_sent))
+        self._queue.put(("meta", stack_parts, construct_json, self._meta_sent))
         if self._direct:
             self._drain()
 
@@ -286,6 +277,8 @@ class DumpWriter:
             if self._helper_files is not files:
                 self._helper.open(files.dump_path, files.count)
                 self._helper_files = files
+            if not self._sent:
+                self._sent_base = files.count
             self._helper.send(entries)
         except EntryProcessError as exc:
             self._drop_helper(exc)
@@ -295,21 +288,48 @@ class DumpWriter:
             self._helper_files = None    # count before its next batch
             return False
         files.count += len(entries)
+        self._sent.extend(entries)
         self._unacked = True
         return True
 
+    def _meta_to_helper(self, stack_parts, construct_json):
+        """Hand stack.json and construct.json to the helper; False where it cannot take them."""
+        self._wait_open()
+        files = self._current
+        if not self._helper or files is None or _Process.pid != self._pid:
+            return False
+        try:
+            if self._helper_files is not files:
+                self._helper.open(files.dump_path, files.count)
+                self._helper_files = files
+            self._helper.send_meta(stack_parts, construct_json)
+        except EntryProcessError as exc:
+            self._drop_helper(exc)
+            return False
+        except ValueError:   # marshal refuses a value: the writer thread writes them
+            return False
+        self._unacked = True
+        self._meta_unacked = (stack_parts, construct_json)
+        return True
+
     def _sync_helper(self):
-        if self._unacked and self._helper and self._helper_files is not None and _Process.pid == self._pid:
+        """Wait until the helper has written everything it was sent."""
+        if self._unacked and self._helper and _Process.pid == self._pid:
             try:
                 self._helper.sync()
             except EntryProcessError as exc:
                 self._drop_helper(exc)
+        self._acknowledged()
+
+    def _acknowledged(self):
         self._unacked = False
+        self._meta_unacked = None
+        self._sent = []
 
     def _drain(self):
         """Direct mode: every entry so far onto disk. What is still pending is encoded here
-        while the helper finishes the batches it was sent, and appended once it has: at the
-        end of a step, that overlaps the helper's round trip rather than adding to it."""
+        while the helper finishes what it was sent (at the end of a step, the meta files),
+        and appended once it has: that overlaps the helper's round trip rather than adding to it."""
         entries = self._take_pending()
         if not entries and not self._unacked:
             return
@@ -322,9 +342,9 @@ class DumpWriter:
                 text = encode_entries(files.count, entries)
                 self._helper.wait_sync()
             except EntryProcessError as exc:
-                self._drop_helper(exc)    # recounts what reached the disk; written below
+                self._drop_helper(exc)    # writes what it lost; these are written below
             else:
-                self._unacked = False
+                self._acknowledged()
                 self._helper_files = None   # its count is behind now: re-opened before its next batch
                 self._write_here(lambda f: f.append_text(text, len(entries)))
                 return
@@ -343,11 +363,19 @@ class DumpWriter:
         except Exception:   # already gone
             pass
         files, self._helper_files = self._helper_files, None
+        sent, meta = self._sent, self._meta_unacked
+        self._acknowledged()
         if files is not None:
             try:
                 files.recount()
+                # what it was sent but had not written when it died is written here
+                self._write_here(lambda _: files.append(sent[max(files.count - self._sent_base, 0):]))
             except Exception as err:   # cut short mid-write: report, keep going
                 self._report(err)
+        if meta is not None:   # perhaps never written: the writer thread writes it
+            self._meta_sent += 1
+            self._meta_written.clear()
+            self._queue.put(("meta", *meta, self._meta_sent))
 
 
     def _take_pending(self):

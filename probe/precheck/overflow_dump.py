@@ -188,6 +188,6 @@ class OverflowCheck:
 
     def __exit__(self, *exc):
         self._interceptor.stop()
-        self._writer.write_meta(self.collector.stacks.to_text(), {})
+        self._writer.write_meta(self.collector.stacks.parts(), {})
         self._writer.close()
         return False
