@@ -268,15 +268,23 @@ class DumpWriter:
             self._helper = EntryProcess.start() or False
         return bool(self._helper)
 
-    def _to_helper(self, entries):
-        """Hand entries to the helper process; False where this process must write them."""
+    def _helper_target(self):
+        """The open step's files, the helper told to append to them; None where it cannot.
+        Raises EntryProcessError when the helper is gone."""
         files = self._current
         if not self._helper or files is None or _Process.pid != self._pid:
-            return False
+            return None
+        if self._helper_files is not files:
+            self._helper.open(files.dump_path, files.count)
+            self._helper_files = files
+        return files
+
+    def _to_helper(self, entries):
+        """Hand entries to the helper process; False where this process must write them."""
         try:
-            if self._helper_files is not files:
-                self._helper.open(files.dump_path, files.count)
-                self._helper_files = files
+            files = self._helper_target()
+            if files is None:
+                return False
             if not self._sent:
                 self._sent_base = files.count
             self._helper.send(entries)
@@ -295,13 +303,9 @@ class DumpWriter:
     def _meta_to_helper(self, stack_parts, construct_json):
         """Hand stack.json and construct.json to the helper; False where it cannot take them."""
         self._wait_open()
-        files = self._current
-        if not self._helper or files is None or _Process.pid != self._pid:
-            return False
         try:
-            if self._helper_files is not files:
-                self._helper.open(files.dump_path, files.count)
-                self._helper_files = files
+            if self._helper_target() is None:
+                return False
             self._helper.send_meta(stack_parts, construct_json)
         except EntryProcessError as exc:
             self._drop_helper(exc)
