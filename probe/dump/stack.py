@@ -13,8 +13,6 @@ import sys
 
 import torch
 
-from probe.dump.entry_process import stack_text
-
 _PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_PLUMBING = tuple(
     os.path.join(os.path.dirname(torch.__file__), p)
@@ -88,10 +86,6 @@ class StackTable:
         """This step's stacks as (entry names, frames encoded as JSON when the stack was
         first seen): what ``entry_process.stack_text`` turns into stack.json's text."""
         return [(tuple(names), self._frames_text[sid]) for sid, names in self._used.items()]
-
-    def to_text(self):
-        """stack.json's text for this step: ``to_json`` with one stack per line."""
-        return stack_text(self.parts())
 
     def to_json(self):
         """msprobe's grouped layout for this step: {"0": [[names], [frames]], ...}."""

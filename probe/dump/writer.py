@@ -209,8 +209,9 @@ class DumpWriter:
         self._queue.put(("tensor", file_name, array))
 
     def write_meta(self, stack_parts, construct_json):
-        """stack.json (``StackTable.parts()``) and construct.json: written by the helper process in direct mode,
-        else by the writer thread after the entries' tensor files; ``sync`` waits for both."""
+        """stack.json (``StackTable.parts()``) and construct.json: written by the helper
+        process in direct mode, else by the writer thread after the entries' tensor files;
+        ``sync`` waits for both."""
         if self._direct and self._meta_to_helper(stack_parts, construct_json):
             self._drain()
             return

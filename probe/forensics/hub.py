@@ -53,10 +53,7 @@ class WithCustomOps(FuncNames):
     """The registry's ``by_func`` that also names custom ops (looked up on first sight)."""
 
     def name_unknown(self, func):
-        try:
-            return custom_op_name(func)
-        except TypeError:
-            return None
+        return custom_op_name(func)
 
 
 class Call:
