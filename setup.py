@@ -1,7 +1,8 @@
-"""Build hook for probe's one optional C extension (metadata lives in pyproject.toml).
+"""Build hook for probe's optional C extensions (metadata lives in pyproject.toml).
 
-``probe.dump._cstats`` computes tensor statistics in one pass. It is optional: where no
-C compiler is found the build goes on without it and probe uses its numpy/torch path.
+``probe.dump._cstats`` computes tensor statistics in one pass; ``probe.dump._cstack``
+reads the key of a call stack. Both are optional: where no C compiler is found the build
+goes on without them and probe uses its Python paths, which give the same results.
 """
 import sys
 
@@ -13,4 +14,6 @@ _FLAGS = [] if sys.platform == "win32" else [
     "-O3", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math"]
 
 setup(ext_modules=[Extension("probe.dump._cstats", ["probe/dump/_cstats.c"],
+                             extra_compile_args=_FLAGS, optional=True),
+                   Extension("probe.dump._cstack", ["probe/dump/_cstack.c"],
                              extra_compile_args=_FLAGS, optional=True)])

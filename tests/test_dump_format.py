@@ -231,7 +231,20 @@ def test_tensor_task_writes_npy_files(make_debugger, dump_dir):
     assert np.array_equal(g, x.grad.numpy())
 
 
-def test_layout_stack_and_construct(make_debugger, dump_dir):
+def _stack_keys(request, monkeypatch):
+    """The stack table's keys from the compiled extension or from Python: same stacks."""
+    from probe.dump import stack
+    if request.param == "python":
+        monkeypatch.setattr(stack, "_frame_key", None)
+    elif stack._frame_key is None:
+        pytest.skip("probe.dump._cstack was not built (no C compiler)")
+    return request.param
+
+
+stack_keys = pytest.fixture(params=["compiled", "python"])(_stack_keys)
+
+
+def test_layout_stack_and_construct(make_debugger, dump_dir, stack_keys):
     x = torch.randn(3, requires_grad=True)
     dbg = make_debugger()
     dbg.start()
@@ -253,6 +266,26 @@ def test_layout_stack_and_construct(make_debugger, dump_dir):
     for frames in by_name.values():
         for frame in frames:
             assert PROBE_DIR not in frame and "torch/overrides.py" not in frame, frame
+
+
+def test_stack_json_groups_the_calls_of_one_line(make_debugger, dump_dir, stack_keys):
+    """Every API called from one line has the same stack, whichever way probe saw the call
+    (function mode, operator, patched dunder): one stack.json group, as msprobe groups."""
+    x = torch.randn(4, requires_grad=True)
+    dbg = make_debugger()
+    dbg.start()
+    for _ in range(2):
+        y = torch.exp(x) * torch.sin(x) + (2 * x)  # four APIs, one line
+    y = F.relu(y)
+    dbg.stop()
+    dbg.step()
+    stack = load_dump(dump_dir, name="stack.json")
+    groups = sorted(sorted(names) for names, _ in stack.values())
+    line = sorted(f"{api}.{n}.forward" for api in ("Torch.exp", "Torch.sin", "Tensor.__mul__",
+                                                   "Tensor.__rmul__", "Tensor.__add__") for n in (0, 1))
+    assert groups == sorted([line, ["Functional.relu.0.forward"]])
+    (frames,) = [f for names, f in stack.values() if "Torch.exp.0.forward" in names]
+    assert frames[0].endswith("# four APIs, one line")
 
 
 def _load_v26(name):

@@ -1,10 +1,12 @@
 """Call stacks of dumped APIs, captured cheaply and stored once per distinct stack.
 
 Formatting a traceback costs tens of microseconds, and even reading ``f_lineno`` scans a
-line table. A stack is keyed by its (code object id, instruction offset) pairs, which are
-cheap to read, and formatted only the first time it is seen.
+line table. A stack is keyed by its (code object, instruction offset) pairs, read by the
+compiled ``_cstack`` extension where it was built (a loop over pointers: a deep stack in
+Python costs several microseconds per call), and formatted only the first time it is seen.
 Frames of probe itself, of torch's function-mode plumbing, and the API's own dispatch
-frame are left out, so the innermost frame is the line that called the API.
+frame are left out of the formatted stack, so its innermost frame is the line that called
+the API; the key covers them too, which costs nothing (one call path, one key).
 """
 import json
 import linecache
@@ -12,6 +14,11 @@ import os
 import sys
 
 import torch
+
+try:
+    from probe.dump._cstack import frame_key as _frame_key
+except ImportError:   # built without a C compiler: keys are made in Python
+    _frame_key = None
 
 _PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_PLUMBING = tuple(
@@ -23,7 +30,7 @@ def _is_plumbing(filename):
     return filename.startswith(_PROBE_DIR) or filename.startswith(_TORCH_PLUMBING)
 
 
-_MAX_KEPT = 50_000  # distinct stacks kept formatted across steps before starting afresh
+_MAX_KEPT = 50_000  # distinct stack keys kept across steps before starting afresh
 
 
 class StackTable:
@@ -37,49 +44,58 @@ class StackTable:
         self._ids = {}        # key -> id
         self.stacks = []      # id -> list of formatted frames, innermost first
         self._frames_text = []   # id -> those frames as JSON, encoded once
+        self._by_text = {}    # frames as JSON -> id
         self._used = {}       # id -> entry names of this step, in first-use order
-        self._codes = []      # id -> the code objects its key names by id()
+        self._codes = []      # per key: the code objects it names by address
 
     def clear(self):
         self._used = {}
-        if len(self.stacks) > _MAX_KEPT:
+        if len(self._ids) > _MAX_KEPT:
             self._ids.clear()
             self.stacks = []
             self._frames_text = []
+            self._by_text = {}
             self._codes = []
 
     def capture(self, entry_name, api_code=None):
         """Record the current stack for ``entry_name``; ``api_code`` is the API's own code object."""
-        f = sys._getframe(1)
-        while f is not None and _is_plumbing(f.f_code.co_filename):
-            f = f.f_back
-        if f is not None and f.f_code is api_code:
-            f = f.f_back
-        key = []
-        add = key.append
-        g = f
-        while g is not None:
-            add(id(g.f_code))   # hashing code objects costs more than hashing their ids
-            add(g.f_lasti)
-            g = g.f_back
-        key = tuple(key)
+        caller = sys._getframe(1)
+        key = None if _frame_key is None else _frame_key(caller)
+        if key is None:
+            key = _python_key(caller)
         sid = self._ids.get(key)
         if sid is None:
-            sid = len(self.stacks)
-            self._ids[key] = sid
-            frames, codes = [], []
-            while f is not None:
-                frames.append(_format(f.f_code, f.f_lineno))
-                codes.append(f.f_code)
-                f = f.f_back
-            self.stacks.append(frames)
-            self._frames_text.append(json.dumps(frames))
-            self._codes.append(codes)   # alive, so no other code object can take their ids
+            sid = self._ids[key] = self._add(caller, api_code)
         names = self._used.get(sid)
         if names is None:
             self._used[sid] = [entry_name]
         else:
             names.append(entry_name)
+        return sid
+
+    def _add(self, caller, api_code):
+        """The id of the stack below ``caller``'s plumbing frames, formatted if it is new."""
+        codes = []   # every code object the key names, alive so no other takes its address
+        g = caller
+        while g is not None:
+            codes.append(g.f_code)
+            g = g.f_back
+        f = caller
+        while f is not None and _is_plumbing(f.f_code.co_filename):
+            f = f.f_back
+        if f is not None and f.f_code is api_code:
+            f = f.f_back
+        frames = []
+        while f is not None:
+            frames.append(_format(f.f_code, f.f_lineno))
+            f = f.f_back
+        text = json.dumps(frames)
+        sid = self._by_text.get(text)   # the same user stack reached through other plumbing
+        if sid is None:
+            sid = self._by_text[text] = len(self.stacks)
+            self.stacks.append(frames)
+            self._frames_text.append(text)
+        self._codes.append(codes)
         return sid
 
     def parts(self):
@@ -90,6 +106,17 @@ class StackTable:
     def to_json(self):
         """msprobe's grouped layout for this step: {"0": [[names], [frames]], ...}."""
         return {str(i): [names, self.stacks[sid]] for i, (sid, names) in enumerate(self._used.items())}
+
+
+def _python_key(frame):
+    """``_cstack.frame_key`` in Python: (code id, instruction offset) of every frame."""
+    key = []
+    add = key.append
+    while frame is not None:
+        add(id(frame.f_code))   # hashing code objects costs more than hashing their ids
+        add(frame.f_lasti)
+        frame = frame.f_back
+    return tuple(key)
 
 
 def _format(code, line):
