@@ -218,10 +218,11 @@ def test_counters_restart_each_step_and_unlisted_steps_are_skipped(make_debugger
 def test_hook_error_logged_once_per_api_and_result_returned(dump_once, monkeypatch, caplog):
     import probe.dump.stats as stats
 
-    def broken(t):
+    def broken(*args):
         raise RuntimeError("summary exploded")
 
-    monkeypatch.setattr(stats, "reductions", broken)
+    monkeypatch.setattr(stats, "reductions", broken)   # both summary paths fail
+    monkeypatch.setattr(stats.SummaryCache, "summary", broken)
     x = torch.randn(5)
 
     def run():

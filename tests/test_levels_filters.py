@@ -101,26 +101,26 @@ def test_step_filter_at_L0(make_debugger, dump_dir, tmp_path):
 def test_filtered_out_calls_cost_no_statistics_and_no_stack(make_debugger, dump_dir, tmp_path, monkeypatch, level):
     """Counting calls of the summary and stack functions: a list that matches nothing
     leaves them uncalled; one module in the list costs that module's tensors only."""
-    import probe.dump.stats as stats
+    from probe.dump.collector import ApiCollector
     from probe.dump.stack import StackTable
-    counts = {"reductions": 0, "capture": 0}
-    real_reductions, real_capture = stats.reductions, StackTable.capture
+    counts = {"summaries": 0, "capture": 0}
+    real_summary, real_capture = ApiCollector._summary, StackTable.capture
 
-    def reductions(t):
-        counts["reductions"] += 1
-        return real_reductions(t)
+    def summary(self, *args):
+        counts["summaries"] += 1
+        return real_summary(self, *args)
 
     def capture(self, *args, **kwargs):
         counts["capture"] += 1
         return real_capture(self, *args, **kwargs)
-    monkeypatch.setattr(stats, "reductions", reductions)
+    monkeypatch.setattr(ApiCollector, "_summary", summary)
     monkeypatch.setattr(StackTable, "capture", capture)
 
     run_tiny(make_debugger, level, steps=1, config_path=config(tmp_path, dump_dir, level, list=["nothing.matches"]))
-    assert counts == {"reductions": 0, "capture": 0}
+    assert counts == {"summaries": 0, "capture": 0}
     if level == "L2":
         return
     run_tiny(make_debugger, level, steps=1, config_path=config(tmp_path, dump_dir, level, list=["Module.head."]))
     assert counts["capture"] == 1
     # head: input, output, weight, bias; grads of its output and input; two parameter grads
-    assert 0 < counts["reductions"] <= 8
+    assert 0 < counts["summaries"] <= 8

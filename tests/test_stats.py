@@ -101,8 +101,72 @@ def test_empty_and_subclass_and_meta_tensors(path):
 
 
 def test_compiled_extension_is_built_where_a_compiler_is():
-    """pip install builds _cstats when a C compiler is on the machine (else the fallback runs)."""
+    """pip install builds _cstats and _cstack when a C compiler is on the machine (else
+    the Python paths run)."""
+    from probe.dump import stack
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(cc) is None:
         pytest.skip(f"no C compiler ({cc}) on this machine")
     assert stats._cstats is not None, "probe.dump._cstats was not built: run pip install -e . again"
+    assert stack._frame_key is not None, "probe.dump._cstack was not built: run pip install -e . again"
+
+
+# ---- the whole summary dict in one compiled call (SummaryCache.summary) ---------------
+_FAST_SKIPS = {"transposed", "sliced", "neg_view"}   # taken by reductions' path instead
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_compiled_summary_dict_equals_the_python_one(case):
+    """What the collector writes for a tensor is the same dict, value for value and key
+    for key in order, whether the compiled call or stats.reductions made it."""
+    if stats._cstats is None:
+        pytest.skip("probe.dump._cstats not built (no C compiler)")
+    torch.manual_seed(0)
+    t = CASES[case]()
+    fast = stats.SummaryCache().summary(t)
+    if case in _FAST_SKIPS:
+        assert fast is None
+        return
+    mx, mn, mean, norm = _summary(t)
+    slow = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape),
+            "Max": mx, "Min": mn, "Mean": mean, "Norm": norm, "requires_grad": t.requires_grad}
+    assert list(fast) == list(slow)
+    for key in slow:
+        same = fast[key] == slow[key] or (fast[key] != fast[key] and slow[key] != slow[key])   # NaN
+        assert same and type(fast[key]) is type(slow[key]), key
+
+
+def test_compiled_summary_is_none_where_python_must_decide():
+    if stats._cstats is None:
+        pytest.skip("probe.dump._cstats not built (no C compiler)")
+
+    class Sub(torch.Tensor):
+        pass
+
+    cache = stats.SummaryCache()
+    for t in (torch.empty(0, 3), torch.empty(4, device="meta"), torch.randn(50).as_subclass(Sub),
+              torch.complex(torch.randn(3), torch.randn(3)), torch.randn(4, 4).t(), 3.0):
+        assert cache.summary(t) is None
+    cache.defer_on_cpu = True   # the accelerator path, on CPU tensors (tests)
+    assert cache.summary(torch.randn(5)) is None
+
+
+def test_compiled_summary_cache_follows_identity_and_version():
+    """A tensor met again unchanged is not reduced again; changed in place it is, and
+    the compiled and Python paths share one cache."""
+    if stats._cstats is None:
+        pytest.skip("probe.dump._cstats not built (no C compiler)")
+    cache = stats.SummaryCache()
+    t = torch.randn(100)
+    first = cache.summary(t)
+    assert cache.lookup(t) == (first["Max"], first["Min"], first["Mean"], first["Norm"])
+    fake = (1.0, 2.0, 3.0, 4.0)
+    cache.store(t, fake)                    # what the Python path stored is what it reads
+    assert [cache.summary(t)[k] for k in ("Max", "Min", "Mean", "Norm")] == list(fake)
+    t.add_(1)                               # a new version: reduced again
+    again = cache.summary(t)
+    assert again["Mean"] == pytest.approx(t.double().mean().item(), rel=1e-9)
+    other = t.clone()                       # equal values, another tensor: its own entry
+    assert cache.summary(other)["Mean"] == again["Mean"] and cache.lookup(other) is not None
+    cache.clear()
+    assert cache.lookup(t) is None

@@ -11,6 +11,7 @@
  *   address: tensor.data_ptr() of a contiguous CPU tensor the caller keeps alive
  *   kind:    one of the KIND_* codes below (stats.py maps torch dtypes to them)
  * Max/Min are float for floating kinds, int for integers, bool for bool.
+ * summary(tensor, cache) -> the tensor's dump.json summary dict, or None (see below).
  *
  * Built as an optional extension: without a C compiler probe falls back to stats.py's
  * numpy/torch path, which computes the same statistics.
@@ -218,20 +219,8 @@ REDUCE_INT(reduce_i16, int16_t)
 REDUCE_INT(reduce_i8, int8_t)
 REDUCE_INT(reduce_u8, uint8_t)
 
-static PyObject *summarize(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "summarize(address, numel, kind)");
-        return NULL;
-    }
-    void *ptr = PyLong_AsVoidPtr(args[0]);
-    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    long kind = PyLong_AsLong(args[2]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (ptr == NULL || n <= 0 || kind < 0 || kind >= N_KINDS) {
-        PyErr_SetString(PyExc_ValueError, "summarize: need a non-null address, numel > 0 and a known kind");
-        return NULL;
-    }
+/* (Max, Min, Mean, Norm) of n elements of the given kind at ptr; NULL with an error set. */
+static PyObject *reduce(const void *ptr, Py_ssize_t n, long kind) {
     int is_float = kind <= KIND_F16;
     facc f = {0};
     iacc i = {0};
@@ -262,9 +251,185 @@ static PyObject *summarize(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return Py_BuildValue("(LLdd)", (long long)i.max, (long long)i.min, mean, norm);
 }
 
+static PyObject *summarize(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "summarize(address, numel, kind)");
+        return NULL;
+    }
+    void *ptr = PyLong_AsVoidPtr(args[0]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    long kind = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (ptr == NULL || n <= 0 || kind < 0 || kind >= N_KINDS) {
+        PyErr_SetString(PyExc_ValueError, "summarize: need a non-null address, numel > 0 and a known kind");
+        return NULL;
+    }
+    return reduce(ptr, n, kind);
+}
+
+/* ---- summary(t, cache): a tensor's whole summary dict, for the common case ----------
+ *
+ * The collector's per-tensor Python (type and layout checks, the cache, the dict) costs
+ * more than the reduction of a small tensor. For a plain, contiguous CPU tensor of a
+ * known dtype it is done here; anything else returns None and takes stats.py's path.
+ * ``setup()`` gives the torch objects this needs, once, from stats.py. */
+static PyObject *plain_types;   /* tuple: torch.Tensor, torch.nn.Parameter */
+static PyObject *kinds;         /* dict: torch.dtype -> KIND_* */
+static PyObject *dtype_names;   /* dict: torch.dtype -> "torch.float32", ... */
+static PyObject *strided;       /* torch.strided */
+static PyObject *s_dtype, *s_is_cpu, *s_layout, *s_is_neg, *s_numel, *s_is_contiguous, *s_data_ptr,
+    *s_shape, *s_requires_grad, *s_version, *k_type, *k_dtype, *k_shape, *k_max, *k_min, *k_mean,
+    *k_norm, *k_requires_grad, *v_tensor;
+
+static PyObject *setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "setup(plain_types, kinds, dtype_names, strided)");
+        return NULL;
+    }
+    PyObject *olds[4] = {plain_types, kinds, dtype_names, strided};
+    for (int k = 0; k < 4; k++)
+        Py_INCREF(args[k]);
+    plain_types = args[0]; kinds = args[1]; dtype_names = args[2]; strided = args[3];
+    for (int k = 0; k < 4; k++)
+        Py_XDECREF(olds[k]);
+    Py_RETURN_NONE;
+}
+
+/* 1 / 0 for a bool attribute or no-argument method result; -1 with an error set */
+static int truth_of(PyObject *t, PyObject *name, int call) {
+    PyObject *v = call ? PyObject_CallMethodNoArgs(t, name) : PyObject_GetAttr(t, name);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* cache: dict id(t) -> (weakref to t, t._version, (Max, Min, Mean, Norm)), as stats.SummaryCache keeps it */
+static PyObject *cached(PyObject *cache, PyObject *key, PyObject *t, PyObject *version) {
+    PyObject *hit = PyDict_GetItemWithError(cache, key);   /* borrowed */
+    if (hit == NULL || !PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 3)
+        return NULL;
+    PyObject *ref = PyTuple_GET_ITEM(hit, 0);
+    if (!PyWeakref_Check(ref))
+        return NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *target = NULL;
+    if (PyWeakref_GetRef(ref, &target) < 0)
+        return NULL;
+    Py_XDECREF(target);   /* compared by address only; t itself is alive */
+#else
+    PyObject *target = PyWeakref_GetObject(ref);
+#endif
+    if (target != t)
+        return NULL;
+    int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(hit, 1), version, Py_EQ);
+    if (same <= 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *value = PyTuple_GET_ITEM(hit, 2);
+    Py_INCREF(value);
+    return value;
+}
+
+/* Statistics of a plain tensor of the given kind: from the cache when it holds this tensor
+ * at this version, else reduced here (when it is a contiguous, non-negated, non-empty CPU
+ * tensor) and stored. NULL without an error: not one this path can read. */
+static PyObject *statistics_of(PyObject *t, PyObject *kind_obj, PyObject *cache) {
+    PyObject *key = PyLong_FromVoidPtr(t), *version = PyObject_GetAttr(t, s_version), *value = NULL;
+    if (key == NULL || version == NULL)
+        goto done;
+    value = cached(cache, key, t, version);
+    if (value != NULL || PyErr_Occurred())
+        goto done;
+    if (truth_of(t, s_is_cpu, 0) != 1 || truth_of(t, s_is_neg, 1) != 0 || truth_of(t, s_is_contiguous, 1) != 1)
+        goto done;
+    PyObject *layout = PyObject_GetAttr(t, s_layout);
+    Py_XDECREF(layout);   /* compared by address only: torch keeps layouts alive */
+    if (layout != strided)
+        goto done;
+    PyObject *numel = PyObject_CallMethodNoArgs(t, s_numel), *addr = NULL;
+    Py_ssize_t n = numel == NULL ? -1 : PyLong_AsSsize_t(numel);
+    Py_XDECREF(numel);
+    if (n <= 0)   /* empty: no statistics, stats.py's path says so */
+        goto done;
+    addr = PyObject_CallMethodNoArgs(t, s_data_ptr);
+    void *ptr = addr == NULL ? NULL : PyLong_AsVoidPtr(addr);
+    Py_XDECREF(addr);
+    if (ptr == NULL)
+        goto done;
+    value = reduce(ptr, n, PyLong_AsLong(kind_obj));
+    if (value == NULL)
+        goto done;
+    PyObject *ref = PyWeakref_NewRef(t, NULL);
+    PyObject *entry = ref == NULL ? NULL : PyTuple_Pack(3, ref, version, value);
+    Py_XDECREF(ref);
+    if (entry == NULL || PyDict_SetItem(cache, key, entry) < 0)
+        PyErr_Clear();   /* not weak-referenceable: just not cached */
+    Py_XDECREF(entry);
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(version);
+    return value;
+}
+
+static PyObject *summary(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "summary(tensor, cache dict)");
+        return NULL;
+    }
+    if (plain_types == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "summary: setup() was not called");
+        return NULL;
+    }
+    PyObject *t = args[0], *cache = args[1];
+    int plain = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(plain_types); k++)
+        plain |= (PyObject *)Py_TYPE(t) == PyTuple_GET_ITEM(plain_types, k);
+    if (!plain)
+        Py_RETURN_NONE;
+    PyObject *shape = NULL, *stats = NULL, *out = NULL, *dtype = PyObject_GetAttr(t, s_dtype);
+    Py_XDECREF(dtype);   /* used as a key only: torch keeps dtype objects alive */
+    PyObject *kind_obj = dtype == NULL ? NULL : PyDict_GetItemWithError(kinds, dtype);   /* borrowed */
+    PyObject *dtype_name = dtype == NULL ? NULL : PyDict_GetItemWithError(dtype_names, dtype);
+    if (kind_obj == NULL || dtype_name == NULL)
+        goto fallback;
+    stats = statistics_of(t, kind_obj, cache);
+    if (stats == NULL)
+        goto fallback;
+    PyObject *shape_obj = PyObject_GetAttr(t, s_shape);
+    shape = shape_obj == NULL ? NULL : PySequence_List(shape_obj);
+    Py_XDECREF(shape_obj);
+    int requires_grad = truth_of(t, s_requires_grad, 0);
+    if (shape == NULL || requires_grad < 0)
+        goto fallback;
+    out = PyDict_New();
+    if (out == NULL || PyDict_SetItem(out, k_type, v_tensor) || PyDict_SetItem(out, k_dtype, dtype_name) ||
+        PyDict_SetItem(out, k_shape, shape) || PyDict_SetItem(out, k_max, PyTuple_GET_ITEM(stats, 0)) ||
+        PyDict_SetItem(out, k_min, PyTuple_GET_ITEM(stats, 1)) ||
+        PyDict_SetItem(out, k_mean, PyTuple_GET_ITEM(stats, 2)) ||
+        PyDict_SetItem(out, k_norm, PyTuple_GET_ITEM(stats, 3)) ||
+        PyDict_SetItem(out, k_requires_grad, requires_grad ? Py_True : Py_False))
+        Py_CLEAR(out);
+    Py_DECREF(shape);
+    Py_DECREF(stats);
+    return out;
+fallback:   /* not the common case, or an attribute refused: stats.py decides */
+    PyErr_Clear();
+    Py_XDECREF(shape);
+    Py_XDECREF(stats);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"summarize", (PyCFunction)(void (*)(void))summarize, METH_FASTCALL,
      "summarize(address, numel, kind) -> (Max, Min, Mean, Norm) of a contiguous CPU buffer"},
+    {"summary", (PyCFunction)(void (*)(void))summary, METH_FASTCALL,
+     "summary(tensor, cache) -> dump.json summary dict of a plain contiguous CPU tensor, else None"},
+    {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
+     "setup(plain_types, kinds, dtype_names, strided): the torch objects summary() needs"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -274,6 +439,17 @@ PyMODINIT_FUNC PyInit__cstats(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    PyObject **names[] = {&s_dtype, &s_is_cpu, &s_layout, &s_is_neg, &s_numel, &s_is_contiguous, &s_data_ptr,
+                          &s_shape, &s_requires_grad, &s_version, &k_type, &k_dtype, &k_shape, &k_max, &k_min,
+                          &k_mean, &k_norm, &k_requires_grad, &v_tensor};
+    const char *texts[] = {"dtype", "is_cpu", "layout", "is_neg", "numel", "is_contiguous", "data_ptr",
+                           "shape", "requires_grad", "_version", "type", "dtype", "shape", "Max", "Min",
+                           "Mean", "Norm", "requires_grad", "torch.Tensor"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+        if ((*names[k] = PyUnicode_InternFromString(texts[k])) == NULL) {
+            Py_DECREF(m);
+            return NULL;
+        }
 #ifdef HAVE_AVX2_VARIANT
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))

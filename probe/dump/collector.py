@@ -256,10 +256,12 @@ class ApiCollector:
                                    self._backward_done_fn(base, parent))
 
     def _summary(self, t, summaries):
-        s = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape),
-             "Max": None, "Min": None, "Mean": None, "Norm": None,
-             "requires_grad": t.requires_grad}
-        summaries.add(t, s)
+        s = summaries.cache.summary(t)
+        if s is None:
+            s = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape),
+                 "Max": None, "Min": None, "Mean": None, "Norm": None,
+                 "requires_grad": t.requires_grad}
+            summaries.add(t, s)
         if self.md5:
             s["md5"] = stats.crc32(t)
         return s

@@ -3,7 +3,8 @@
 Reductions run in float32 or wider, so bf16/fp16 summaries are not rounded to the
 tensor's own precision. A CPU tensor is summarised in one pass by the compiled
 ``_cstats`` extension (float64 accumulators) when it was built, else through numpy and
-torch (a few calls per tensor). A tensor met again unchanged (the output of one API is
+torch (a few calls per tensor); for a plain contiguous CPU tensor the extension builds the
+whole summary dict, checks included. A tensor met again unchanged (the output of one API is
 the input of the next) is summarised once, recognised by identity and its version counter.
 
 On CUDA/NPU the scalars of one call are stacked on the device and fetched with a single
@@ -39,6 +40,8 @@ _KINDS = {} if _cstats is None else {
 # Only tensors whose data_ptr() is their own memory: subclasses may wrap other storage.
 _PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 _STRIDED = torch.strided
+if _cstats is not None:   # what its summary() needs: the common case's whole dict in C
+    _cstats.setup(tuple(_PLAIN_TYPES), _KINDS, {dt: str(dt) for dt in _KINDS}, _STRIDED)
 
 
 def reductions(t):
@@ -170,6 +173,14 @@ class SummaryCache:
 
     def clear(self):
         self._entries.clear()
+
+    def summary(self, t):
+        """dump.json's summary dict of ``t`` (type, dtype, shape, Max, Min, Mean, Norm,
+        requires_grad) in one compiled call, for a plain contiguous CPU tensor of a dtype
+        ``_cstats`` reads; None for every other tensor, which takes ``reductions``' path."""
+        if _cstats is None or self.defer_on_cpu:
+            return None
+        return _cstats.summary(t, self._entries)
 
     def lookup(self, t):
         hit = self._entries.get(id(t))
