@@ -168,6 +168,29 @@ def test_stop_gives_the_helper_the_meta_files_and_encodes_the_last_entries_here(
     assert _meta(tmp_path)[0] == stack
 
 
+def test_a_step_like_the_last_leaves_only_the_tail_for_stop_to_encode(tmp_path):
+    """The batch before a step's last _HELPER_TAIL entries goes to the helper early, when
+    the step has as many entries as the one before: stop() then encodes only those. A step
+    that differs is written whole and in order all the same."""
+    writer = writer_mod.DumpWriter("statistics", "L1")
+    batch, tail = writer_mod._HELPER_BATCH, writer_mod._HELPER_TAIL
+    per_step = 2 * batch + tail + 5        # without the early batch, tail + 5 would be left
+    pending_at_stop = []
+    for step, n in enumerate((per_step, per_step, per_step + 7, per_step)):
+        rank_dir = str(tmp_path / f"step{step}" / "rank")
+        writer.open_dir(rank_dir, with_tensors=False)
+        names = [f"Torch.relu.{i}.forward" for i in range(n)]
+        for i, name in enumerate(names):
+            writer.add_entry(name, {"i": i})
+        pending_at_stop.append(len(writer._pending))
+        writer.write_meta([], {})
+        writer.sync()
+        assert list(load_dump(str(tmp_path), step)) == names
+    assert writer._helper                  # all of it through the helper
+    writer.close()
+    assert pending_at_stop == [tail + 5, tail, (tail + 7) % batch, per_step % batch]
+
+
 def test_helper_dead_with_entries_unwritten_they_are_written_here(make_debugger, tmp_path, caplog, monkeypatch):
     """Entries handed to the helper that it never wrote (it was killed) are written by the
     training process once it finds the helper gone; stack.json and construct.json too."""

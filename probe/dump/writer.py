@@ -30,6 +30,9 @@ from probe.dump.entry_process import (EntryProcess, EntryProcessError, append_en
 _HEADER_KEYS = ("task", "level", "framework", "dump_data_dir")
 _FLUSH_ENTRIES = 2000
 _HELPER_BATCH = 16   # entries per hand-over to the helper process: it encodes while training runs
+# Entries a step is expected to leave for stop() to encode here (while the helper writes the
+# meta files): the batch before them goes out early, sized by the previous step's count.
+_HELPER_TAIL = 6
 _FLUSH_SECONDS = 1.0
 _MAX_PENDING_BYTES = 512 << 20
 
@@ -164,6 +167,8 @@ class DumpWriter:
         self._sent = []              # entries the helper has not confirmed yet (written here if it dies)
         self._sent_base = 0          # entries in its dump.json before them
         self._flush_entries = _FLUSH_ENTRIES
+        self._step_entries = 0       # entries added since the folder was opened
+        self._early_flush_at = -1    # that count sends the batch before the expected tail
         self.before_flush = None     # called before entries are encoded (async_dump)
         self._current = None         # the open step folder (set by the writer thread)
         self._last_flush = time.monotonic()
@@ -182,7 +187,11 @@ class DumpWriter:
         # in GIL hand-offs than the writes). With tensor files they go through the queue,
         # behind the files they name.
         self._direct = not with_tensors
-        self._flush_entries = _HELPER_BATCH if self._direct and self._start_helper() else _FLUSH_ENTRIES
+        helper = self._direct and self._start_helper()
+        self._flush_entries = _HELPER_BATCH if helper else _FLUSH_ENTRIES
+        # A training loop's steps have the same entries: stop() then encodes only the last few
+        self._early_flush_at = self._step_entries - _HELPER_TAIL if helper else -1
+        self._step_entries = 0
         self._opened.clear()
         self._queue.put(("open", rank_dir, with_tensors))
 
@@ -194,7 +203,9 @@ class DumpWriter:
         if _Process.pid != self._pid:   # a forked child must not write into the parent's files
             return
         self._pending.append((name, body))
-        if len(self._pending) >= self._flush_entries or time.monotonic() - self._last_flush > _FLUSH_SECONDS:
+        self._step_entries += 1
+        if len(self._pending) >= self._flush_entries or self._step_entries == self._early_flush_at \
+                or time.monotonic() - self._last_flush > _FLUSH_SECONDS:
             self._flush_pending()
 
     def add_tensor(self, file_name, array):
@@ -363,6 +374,7 @@ class DumpWriter:
                                            "entries are encoded in the training process from now on", exc)
         helper, self._helper = self._helper, False
         self._flush_entries = _FLUSH_ENTRIES
+        self._early_flush_at = -1
         try:
             helper.close(timeout=2)
         except Exception:   # already gone
