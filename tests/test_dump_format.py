@@ -231,7 +231,8 @@ def test_tensor_task_writes_npy_files(make_debugger, dump_dir):
     assert np.array_equal(g, x.grad.numpy())
 
 
-def _stack_keys(request, monkeypatch):
+@pytest.fixture(params=["compiled", "python"])
+def stack_keys(request, monkeypatch):
     """The stack table's keys from the compiled extension or from Python: same stacks."""
     from probe.dump import stack
     if request.param == "python":
@@ -239,9 +240,6 @@ def _stack_keys(request, monkeypatch):
     elif stack._frame_key is None:
         pytest.skip("probe.dump._cstack was not built (no C compiler)")
     return request.param
-
-
-stack_keys = pytest.fixture(params=["compiled", "python"])(_stack_keys)
 
 
 def test_layout_stack_and_construct(make_debugger, dump_dir, stack_keys):
@@ -275,7 +273,7 @@ def test_stack_json_groups_the_calls_of_one_line(make_debugger, dump_dir, stack_
     dbg = make_debugger()
     dbg.start()
     for _ in range(2):
-        y = torch.exp(x) * torch.sin(x) + (2 * x)  # four APIs, one line
+        y = torch.exp(x) * torch.sin(x) + (2 * x)  # five APIs, one line
     y = F.relu(y)
     dbg.stop()
     dbg.step()
@@ -285,7 +283,7 @@ def test_stack_json_groups_the_calls_of_one_line(make_debugger, dump_dir, stack_
                                                    "Tensor.__rmul__", "Tensor.__add__") for n in (0, 1))
     assert groups == sorted([line, ["Functional.relu.0.forward"]])
     (frames,) = [f for names, f in stack.values() if "Torch.exp.0.forward" in names]
-    assert frames[0].endswith("# four APIs, one line")
+    assert frames[0].endswith("# five APIs, one line")
 
 
 def _load_v26(name):

@@ -330,6 +330,8 @@ static PyObject *cached(PyObject *cache, PyObject *key, PyObject *t, PyObject *v
         return NULL;
     }
     PyObject *value = PyTuple_GET_ITEM(hit, 2);
+    if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 4)   /* summary() reads four items */
+        return NULL;
     Py_INCREF(value);
     return value;
 }

@@ -32,7 +32,7 @@ class _NoCache:
     deferred = None
     defer_on_cpu = False
 
-    def summary(self, t):   # the compiled path caches: stats.reductions' path it is
+    def summary(self, t):   # the compiled path would cache it: stats.reductions' path instead
         return None
 
     def lookup(self, t):

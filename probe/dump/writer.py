@@ -394,7 +394,6 @@ class DumpWriter:
             self._meta_written.clear()
             self._queue.put(("meta", *meta, self._meta_sent))
 
-
     def _take_pending(self):
         """The pending entries, complete (async_dump fills in their numbers here)."""
         self._last_flush = time.monotonic()
