@@ -3,6 +3,7 @@
 The reference is msprobe 8.3.3's own L1 dump of the same tiny-model run
 (tests/fixtures/msprobe/v833_L1_statistics_fp32), not probe's output.
 """
+import gc
 import importlib.util
 import json
 import logging
@@ -190,14 +191,38 @@ def test_a_users_own_function_mode_sees_only_the_users_calls(make_debugger, dump
     assert torch.equal(y_on, y_off) and torch.equal(g_on, g_off)
 
 
-def test_tensor_dunders_are_the_originals_after_stop(make_debugger):
+def test_tensor_dunders_pass_through_between_steps_and_are_the_originals_after_close(make_debugger, dump_dir):
+    dbg = make_debugger()     # closes the debugger before it, which removes its patches
+    gc.collect()              # and debuggers dropped without close() give theirs back
     tensor_attrs = dict(vars(torch.Tensor))
-    dbg = make_debugger()
-    dbg.start()
-    torch.ones(2) + 1
-    dbg.stop()
-    dbg.step()
+    x = torch.randn(3)
+    for _ in range(2):
+        dbg.start()
+        2 * x
+        dbg.stop()
+        assert vars(torch.Tensor).get("__rmul__") is not tensor_attrs.get("__rmul__")
+        y = 2 * x + abs(x) + (1 + x)    # between steps: patched, not recorded
+        dbg.step()
+    assert list(load_dump(dump_dir, 1)) == ["Tensor.__rmul__.0.forward"]
+    assert torch.equal(y, torch.mul(x, 2) + torch.abs(x) + torch.add(x, 1))
+    dbg.close()
     assert dict(vars(torch.Tensor)) == tensor_attrs
+
+
+def test_a_debugger_made_while_another_keeps_its_patches_still_names_reflected_operators(tmp_path):
+    """The registry is resolved before the previous debugger is closed, with its patched
+    dunders still installed: ``2 * x`` must still be told from ``x * 2``."""
+    from probe import PrecisionDebugger
+    x = torch.randn(3)
+    for i in range(2):
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / str(i)))
+        dbg.start()
+        x * 2
+        2 * x
+        dbg.stop()
+        dbg.step()
+        assert list(load_dump(tmp_path / str(i))) == ["Tensor.__mul__.0.forward", "Tensor.__rmul__.0.forward"]
+    dbg.close()
 
 
 def test_counters_restart_each_step_and_unlisted_steps_are_skipped(make_debugger, dump_dir):

@@ -4,6 +4,7 @@ One generated case per operator dunder of the registry, as torch/overrides' test
 operator written as source (so the call site is real bytecode) is named ``Tensor.__x__``,
 and the method it runs, called as a method, keeps the method's name.
 """
+import gc
 import pytest
 import torch
 
@@ -94,13 +95,14 @@ def test_deleting_an_operator_stops_its_dump_but_not_its_methods(tmp_path, make_
 def test_only_three_tensor_attributes_are_patched_while_dumping(make_debugger):
     """Each setattr on torch.Tensor costs ~15 us and invalidates attribute caches; the
     collectives are patched only once a process group exists."""
+    dbg = make_debugger()     # closes the debugger before it, which removes its patches
+    gc.collect()              # and debuggers dropped without close() give theirs back
     before = dict(vars(torch.Tensor))
     dist_before = dict(vars(torch.distributed))
-    dbg = make_debugger()
     dbg.start()
     changed = {k for k, v in vars(torch.Tensor).items() if before.get(k) is not v}
     dist_changed = {k for k, v in vars(torch.distributed).items() if dist_before.get(k) is not v}
-    dbg.stop()
+    dbg.close()
     assert changed == {"__abs__", "__radd__", "__rmul__"}
     assert dist_changed == set()
     assert dict(vars(torch.Tensor)) == before
@@ -111,3 +113,21 @@ def test_implementation_is_found_by_running_the_dunder():
     assert operators.implementation("__iadd__") is torch.Tensor.add_
     assert operators.implementation("__neg__") is torch.Tensor.neg
     assert operators.implementation("__and__") is torch.Tensor.__and__
+
+
+def test_a_debugger_dropped_without_close_gives_its_patches_back(dump_dir):
+    """Patches stay between steps until close(); a debugger the user drops without
+    closing it must not leave them behind."""
+    from probe import PrecisionDebugger
+    PrecisionDebugger(dump_path=dump_dir).close()   # closes any debugger before this test
+    gc.collect()
+    before = dict(vars(torch.Tensor))
+    dbg = PrecisionDebugger(dump_path=dump_dir)
+    dbg.start()
+    2 * torch.ones(2)
+    dbg.stop()
+    dbg.step()
+    assert dict(vars(torch.Tensor)) != before
+    del dbg
+    gc.collect()
+    assert dict(vars(torch.Tensor)) == before

@@ -86,10 +86,17 @@ def implementation(dunder):
     rec = _Recorder()
     try:
         with torch.no_grad(), rec:
-            getattr(torch.Tensor, dunder)(*args)
+            unpatched(dunder)(*args)
     except Exception:
         return None
     return rec.first
+
+
+def unpatched(dunder):
+    """``torch.Tensor.<dunder>`` as torch defines it, through probe's own patch if one is
+    installed (a debugger keeps its patches between steps, until ``close()``)."""
+    f = getattr(torch.Tensor, dunder, None)
+    return getattr(f, "__probe_original__", f)
 
 
 class OperatorNames:
@@ -111,7 +118,7 @@ class OperatorNames:
             full = dunders.get(dunder)
             impl = implementation(dunder)
             symbol = SYMBOLS.get(dunder)
-            if impl is not None and impl is getattr(torch.Tensor, dunder, None) \
+            if impl is not None and impl is unpatched(dunder) \
                     and getattr(impl, "__name__", None) == dunder:   # not an alias of a method
                 if full is not None:
                     self.itself[impl] = full

@@ -129,13 +129,14 @@ def _section_owner(section):
 
 
 def _lookup(owner, name):
-    """``owner.name``; dotted names (msprobe lists ``linalg.norm`` under torch) walk submodules."""
+    """``owner.name``; dotted names (msprobe lists ``linalg.norm`` under torch) walk submodules.
+    Through probe's own patch, if one is installed: a debugger keeps them between steps."""
     obj = owner
     for part in name.split("."):
         if obj is None:
             return None
         obj = getattr(obj, part, None)
-    return obj
+    return getattr(obj, "__probe_original__", obj)
 
 
 def _seen_as_itself(obj, name):

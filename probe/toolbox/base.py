@@ -60,11 +60,12 @@ def func_table(resolved):
     for func, name in resolved.by_func.named():
         table.setdefault(name, func)
     for attr, name in resolved.dunders.items():
-        table.setdefault(name, getattr(torch.Tensor, attr))
+        f = getattr(torch.Tensor, attr)
+        table.setdefault(name, getattr(f, "__probe_original__", f))   # past a debugger's patch
     for owner, attr, name in resolved.patched:
         f = getattr(owner, attr, None)
         if f is not None:
-            table.setdefault(name, getattr(f, "__wrapped__", f))
+            table.setdefault(name, getattr(f, "__probe_original__", f))
     return table
 
 
