@@ -42,6 +42,7 @@ class CallFilter:
                 self.substrings.append(item)
         self.scope = tuple(scope_key(s) for s in config.scope)
         self.scope_state = 0 if self.scope else 1   # 0 before first, 1 inside, 2 after last, 3 in last module
+        self.everything = not (self.scope or self.patterns or self.substrings)   # wants() is always True
         modes = set(config.data_mode)
         every = "all" in modes
         self.forward = every or "forward" in modes or not modes & {"forward", "backward"}
@@ -133,6 +134,13 @@ class _Summaries:
         self.todo = []
 
 
+def _any_pending(grads):
+    for g in grads:
+        if g is not None and "_pending" in g:
+            return True
+    return False
+
+
 def _all_on_cpu(todo):
     for _, _, r in todo:
         if type(r) is stats.Pending and r.parts[0].device.type != "cpu":
@@ -176,7 +184,8 @@ class ApiCollector:
         n = self.counters.get(name, 0)
         self.counters[name] = n + 1
         base = f"{name}.{n}"
-        if not self.filter.wants(base):
+        flt = self.filter
+        if not flt.everything and not flt.wants(base):
             return func(*args, **kwargs)
         # probe's own tensor work (statistics, detach, hooks) goes past every
         # __torch_function__: past probe's mode, which a patched operator's hook runs
@@ -222,10 +231,15 @@ class ApiCollector:
                 "parent": None if self.construct is None else self.construct.current}
         flt = self.filter
         if flt.forward and flt.inputs:
-            call["entry"]["input_args"] = [self._describe(a, summaries, f"{fwd}.input.{i}")
-                                           for i, a in enumerate(args)]
-            call["entry"]["input_kwargs"] = {k: self._describe(v, summaries, f"{fwd}.{k}")
-                                             for k, v in kwargs.items()}
+            describe = self._describe
+            if self.save_tensors:   # file names only where tensor files are written
+                call["entry"]["input_args"] = [describe(a, summaries, f"{fwd}.input.{i}")
+                                               for i, a in enumerate(args)]
+                call["entry"]["input_kwargs"] = {k: describe(v, summaries, f"{fwd}.{k}")
+                                                 for k, v in kwargs.items()}
+            else:
+                call["entry"]["input_args"] = [describe(a, summaries) for a in args]
+                call["entry"]["input_kwargs"] = {k: describe(v, summaries) for k, v in kwargs.items()}
         if flt.forward:
             self.stacks.capture(fwd, getattr(func, "__code__", None))
         if flt.backward and torch.is_grad_enabled():
@@ -241,8 +255,11 @@ class ApiCollector:
         entry = call["entry"]
         if flt.forward and flt.outputs:
             outs = out if isinstance(out, (tuple, list)) else [out]
-            entry["output"] = [self._describe(o, summaries, f"{base}.forward.output.{i}")
-                               for i, o in enumerate(outs)]
+            if self.save_tensors:
+                entry["output"] = [self._describe(o, summaries, f"{base}.forward.output.{i}")
+                                   for i, o in enumerate(outs)]
+            else:
+                entry["output"] = [self._describe(o, summaries) for o in outs]
         summaries.resolve()
         parent = call["parent"]
         if flt.forward:
@@ -266,15 +283,21 @@ class ApiCollector:
             s["md5"] = stats.crc32(t)
         return s
 
-    def _describe(self, v, summaries, file_stem):
+    def _describe(self, v, summaries, file_stem=None):
+        """``v``'s dump.json form; ``file_stem`` names its tensor files (task tensor; the
+        hot path leaves it out in statistics mode, where no file is written)."""
         if isinstance(v, torch.Tensor):
             s = self._summary(v, summaries)
-            if self.save_tensors:
+            if self.save_tensors and file_stem is not None:
                 s["data_name"] = self._save(v, file_stem)
             return s
         if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
+            if file_stem is None:
+                return [self._describe(x, summaries) for x in v]
             return [self._describe(x, summaries, f"{file_stem}.{i}") for i, x in enumerate(v)]
         if isinstance(v, dict):
+            if file_stem is None:
+                return {k: self._describe(x, summaries) for k, x in v.items()}
             return {k: self._describe(x, summaries, f"{file_stem}.{k}") for k, x in v.items()}
         return describe_value(v)
 
@@ -290,7 +313,12 @@ class ApiCollector:
         On an accelerator the reductions start now but are fetched with the rest of the
         entry's (``_resolve_grads``): one host transfer per backward entry.
         """
-        with guard(), _no_function_mode():   # in a backward hook the function mode is live
+        with _no_function_mode():   # in a backward hook the function mode is live
+            if not (self.md5 or self.save_tensors):
+                s = self.cache.summary(g)   # a plain CPU tensor: the whole dict in one call
+                if s is not None:
+                    return s
+        with guard(), _no_function_mode():
             summaries = _Summaries(self.cache)
             s = self._summary(g, summaries)
             if not summaries.todo or (g.device.type == "cpu" and not self.defer_grad_fetch):
@@ -318,13 +346,19 @@ class ApiCollector:
 
         def on_done(out_grads, in_grads):
             try:
-                self._resolve_grads(out_grads + in_grads)
                 entry = {}
                 flt = self.filter
-                if flt.inputs:
-                    entry["input"] = [self._finish_grad(g, f"{bwd}.input.{i}") for i, g in enumerate(out_grads)]
-                if flt.outputs:
-                    entry["output"] = [self._finish_grad(g, f"{bwd}.output.{i}") for i, g in enumerate(in_grads)]
+                if self.save_tensors or _any_pending(out_grads) or _any_pending(in_grads):
+                    self._resolve_grads(out_grads + in_grads)
+                    if flt.inputs:
+                        entry["input"] = [self._finish_grad(g, f"{bwd}.input.{i}") for i, g in enumerate(out_grads)]
+                    if flt.outputs:
+                        entry["output"] = [self._finish_grad(g, f"{bwd}.output.{i}") for i, g in enumerate(in_grads)]
+                else:   # summaries complete, no tensor files: nothing to finish
+                    if flt.inputs:
+                        entry["input"] = list(out_grads)   # a copy: a second backward may reuse the list
+                    if flt.outputs:
+                        entry["output"] = in_grads
                 self.writer.add_entry(bwd, entry)
                 if construct is not None:
                     construct.tree[bwd] = parent and parent[1]

@@ -20,6 +20,8 @@ import torch
 from probe.forensics._common import capture, log_once
 from probe.hook_module.registry import FuncNames
 
+_no_function_mode = torch._C.DisableTorchFunction
+
 CUSTOM_PREFIX = "Custom."
 # Namespaces of ops that ship with torch: the registry covers them where it wants them.
 _BUILTIN_NAMESPACES = frozenset({
@@ -132,6 +134,7 @@ class ForensicsHandler:
         self.namer = namer or Namer()
         self.namer.source = inner
         self.features = list(features)
+        self._inner_counts = self.namer.collector_counts("")   # names registered APIs itself
 
     def add(self, feature):
         for f in self.features:
@@ -149,14 +152,24 @@ class ForensicsHandler:
     def __call__(self, name, func, args, kwargs):
         features = self.features
         custom = name.startswith(CUSTOM_PREFIX)
+        if len(features) == 1 and not custom and features[0].failure_only and self._inner_counts:
+            # The common case, on every call: crash dumps alone, a registered API, named by
+            # the collector's counter. No Call object and no feature loop unless it raises.
+            feature = features[0]
+            try:
+                with _no_function_mode():     # unseen by the user's own modes
+                    state = feature.before_fast(args)
+            except Exception:
+                state = None
+            try:
+                return self.inner(name, func, args, kwargs)
+            except Exception as exc:
+                self._report_failure(feature, state, name, func, args, kwargs, exc)
+                raise
         if not features:
             return func(*args, **kwargs) if custom else self.inner(name, func, args, kwargs)
         if custom or not self.namer.collector_counts(name):
             self.namer.count(name)
-        if len(features) == 1 and features[0].failure_only:
-            # The common case (crash dumps alone) runs on every call: no Call object and no
-            # feature loop unless the API raises.
-            return self._watch_failure(features[0], name, func, args, kwargs, custom)
         call = Call(name, func, args, kwargs, self.namer)
         states = []
         for f in features:
@@ -183,21 +196,12 @@ class ForensicsHandler:
                          type(f).__name__, name, type(exc).__name__, exc)
         return out
 
-    def _watch_failure(self, feature, name, func, args, kwargs, custom):
+    def _report_failure(self, feature, state, name, func, args, kwargs, exc):
         try:
-            with torch._C.DisableTorchFunction():     # unseen by the user's own modes
-                state = feature.before_fast(args)
-        except Exception:
-            state = None
-        try:
-            return func(*args, **kwargs) if custom else self.inner(name, func, args, kwargs)
-        except Exception as exc:
-            try:
-                feature.failed(Call(name, func, args, kwargs, self.namer), state, exc)
-            except Exception as err:
-                log_once((type(feature), "failed"), "probe: %s could not record %s's exception (%s: %s)",
-                         type(feature).__name__, name, type(err).__name__, err)
-            raise
+            feature.failed(Call(name, func, args, kwargs, self.namer), state, exc)
+        except Exception as err:
+            log_once((type(feature), "failed"), "probe: %s could not record %s's exception (%s: %s)",
+                     type(feature).__name__, name, type(err).__name__, err)
 
 
 class Feature:

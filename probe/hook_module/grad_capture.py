@@ -22,7 +22,7 @@ import threading
 
 import torch
 
-from probe.hook_module.interceptor import guard
+from probe.hook_module.interceptor import state as _state
 
 log = logging.getLogger("probe")
 _MAX_NODES = 256          # a walk that goes further has left the call's own subgraph
@@ -33,18 +33,18 @@ _reported = set()
 
 class _quiet:
     """Inside a backward hook: probe's own tensor work is not intercepted (the function
-    mode is still live there) and never raises into autograd."""
-    __slots__ = ("_guard", "_mode")
+    mode is still live there) and never raises into autograd. (``interceptor.guard``'s
+    count, kept here directly: this runs several times per backward entry.)"""
+    __slots__ = ("_mode",)
 
     def __enter__(self):
-        self._guard = guard()
         self._mode = _no_function_mode()
-        self._guard.__enter__()
         self._mode.__enter__()
+        _state.depth += 1
 
     def __exit__(self, kind, exc, tb):
+        _state.depth -= 1
         self._mode.__exit__(None, None, None)
-        self._guard.__exit__(None, None, None)
         if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             key = (kind, str(exc)[:80])
             if key not in _reported:
