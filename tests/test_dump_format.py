@@ -190,6 +190,35 @@ def test_non_tensor_arguments(dump_once):
     assert data["Functional.dropout.0.forward"]["input_kwargs"]["p"] == {"type": "float", "value": 0.0}
 
 
+def test_python_level_apis_are_recorded_as_written(dump_once):
+    """torch re-packs a Python-level API's arguments (``F.layer_norm`` gets its weight as a
+    keyword, ``F.embedding`` its keywords positionally); entries keep the user's layout,
+    keyword order included, each call site its own, however often it runs."""
+    x, w, b = torch.randn(3, 4), torch.randn(4), torch.randn(4)
+    idx, table = torch.tensor([0, 2]), torch.randn(5, 4)
+
+    def run():
+        for _ in range(2):
+            F.layer_norm(x, (4,), w, b, 1e-5)
+            F.layer_norm(x, (4,), eps=1e-3, bias=b, weight=w)
+            F.embedding(weight=table, input=idx)
+            F.softmax(x, dim=-1)
+
+    data, _ = dump_once(run)
+    for n in (0, 2):
+        positional = data[f"Functional.layer_norm.{n}.forward"]
+        assert len(positional["input_args"]) == 5 and positional["input_kwargs"] == {}
+        assert positional["input_args"][4] == {"type": "float", "value": 1e-5}
+        keywords = data[f"Functional.layer_norm.{n + 1}.forward"]
+        assert len(keywords["input_args"]) == 2 and list(keywords["input_kwargs"]) == ["eps", "bias", "weight"]
+        assert keywords["input_kwargs"]["eps"] == {"type": "float", "value": 1e-3}
+    for n in (0, 1):
+        embedding = data[f"Functional.embedding.{n}.forward"]
+        assert embedding["input_args"] == [] and list(embedding["input_kwargs"]) == ["weight", "input"]
+        assert embedding["input_kwargs"]["weight"]["shape"] == [5, 4]
+        assert list(data[f"Functional.softmax.{n}.forward"]["input_kwargs"]) == ["dim"]
+
+
 def test_torch_size_argument(dump_once):
     x = torch.randn(2, 3, 4)
     data, _ = dump_once(lambda: x.reshape(torch.Size([6, 4])))

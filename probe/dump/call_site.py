@@ -19,6 +19,21 @@ _SKIP = {dis.opmap[name] for name in ("PRECALL", "CACHE", "EXTENDED_ARG") if nam
 
 _sites = {}    # (code, f_lasti) -> (n positional, keyword names) or None
 _params = {}   # function -> positional-or-keyword parameter names, or None
+_plans = {}    # (code, f_lasti, function, len(args), keywords) -> _Plan or None
+
+
+class _Plan:
+    """How one call site's arguments arrive and how they were written: the arguments
+    are then re-split with a slice and a few lookups, no binding per call."""
+    __slots__ = ("n_from_args", "pos_from_kwargs", "kw_from_kwargs", "kw_mixed")
+
+    def __init__(self, n_from_args, pos_from_kwargs, kw_sources):
+        self.n_from_args = n_from_args           # the first positionals written: args[:n]
+        self.pos_from_kwargs = pos_from_kwargs   # the rest, arriving as these keywords
+        if all(i is None for _, i in kw_sources):   # keywords written arrive as keywords
+            self.kw_from_kwargs, self.kw_mixed = tuple(k for k, _ in kw_sources), None
+        else:   # some arrive positionally: ((keyword, index in args or None), ...), in order
+            self.kw_from_kwargs, self.kw_mixed = None, kw_sources
 
 
 def as_called(func, args, kwargs, api_frame_limit=8):
@@ -31,18 +46,40 @@ def as_called(func, args, kwargs, api_frame_limit=8):
     caller = _caller_of(func.__code__, api_frame_limit)
     if caller is None:
         return args, kwargs
+    key = (caller.f_code, caller.f_lasti, func, len(args), *kwargs)
+    plan = _plans.get(key, False)
+    if plan is False:
+        plan = _plans[key] = _make_plan(names, _site(caller), len(args), kwargs)
+    if plan is None:
+        return args, kwargs
+    pos = args[:plan.n_from_args]
+    if plan.pos_from_kwargs:
+        pos += tuple(kwargs[k] for k in plan.pos_from_kwargs)
+    if plan.kw_mixed is None:
+        return pos, {k: kwargs[k] for k in plan.kw_from_kwargs}
+    return pos, {k: kwargs[k] if i is None else args[i] for k, i in plan.kw_mixed}
+
+
+def _site(caller):
     key = (caller.f_code, caller.f_lasti)
     site = _sites.get(key, False)
     if site is False:
         site = _sites[key] = _read_site(caller.f_code, caller.f_lasti)
-    if site is None:
-        return args, kwargs
+    return site
+
+
+def _make_plan(names, site, n_args, kwargs):
+    """The re-split for arguments arriving as ``n_args`` positionals and ``kwargs``, or
+    None when the written call cannot be mapped onto them (the dispatch form is kept)."""
+    if site is None or n_args > len(names):
+        return None
     n_pos, kw_names = site
-    values = dict(zip(names, args))
-    values.update(kwargs)
-    if n_pos > len(names) or any(n not in values for n in names[:n_pos]) or any(k not in values for k in kw_names):
-        return args, kwargs
-    return tuple(values[n] for n in names[:n_pos]), {k: values[k] for k in kw_names}
+    arrived = set(names[:n_args]) | set(kwargs)
+    if n_pos > len(names) or any(n not in arrived for n in names[:n_pos]) or any(k not in arrived for k in kw_names):
+        return None
+    index = {n: i for i, n in enumerate(names[:n_args])}
+    n_from_args = min(n_pos, n_args)
+    return _Plan(n_from_args, names[n_from_args:n_pos], tuple((k, index.get(k)) for k in kw_names))
 
 
 def _param_names(func):

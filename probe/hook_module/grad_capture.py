@@ -118,6 +118,11 @@ def output_slots(out):
 def _split_shared(links):
     """One tensor passed as several arguments (``x * x``) reaches a node through as many
     edges; give each argument its own edge, in order, when the counts agree."""
+    for _, slots in links:
+        if len(slots) > 1:
+            break
+    else:       # the common case: every edge leads to one argument
+        return links
     groups = {}
     for k, slots in links:
         groups.setdefault(id(slots), []).append(k)
