@@ -57,6 +57,42 @@ def test_helper_writes_the_same_dump_as_the_training_process(make_debugger, tmp_
         assert len(json.loads(text)["data"]) > 20
 
 
+def test_helper_writes_each_steps_stack_json_as_the_training_process(make_debugger, tmp_path, monkeypatch):
+    """Steps that add stacks, drop some and bring one back: the helper's stack.json is the
+    training process's, byte for byte, and names every entry of its step."""
+    x = torch.randn(4, 6)
+
+    def run(dump_path):
+        dbg = make_debugger(dump_path=dump_path)
+        for step in range(4):
+            dbg.start()
+            if step != 2:
+                torch.relu(x)                      # every step but one
+            if step >= 1:
+                torch.exp(x), torch.sin(x)         # new at step 1
+            if step == 3:
+                torch.cos(x)                       # new at step 3, after a step without relu
+            dbg.stop()
+            dbg.step()
+        return dbg
+
+    for run_dir, helper in (("helper", True), ("inline", False)):   # one line: the same stacks
+        monkeypatch.setattr(writer_mod.DumpWriter, "use_helper_process", helper)
+        dbg = run(str(tmp_path / run_dir))
+        assert isinstance(dbg._writer._helper, EntryProcess) == helper
+        dbg.close()
+    for step in range(4):
+        texts = []
+        for run_dir in ("helper", "inline"):
+            with open(tmp_path / run_dir / f"step{step}" / "rank" / "stack.json", encoding="utf-8") as f:
+                texts.append(f.read())
+        assert texts[0] == texts[1]
+        groups = json.loads(texts[0])
+        assert sorted(n for names, _ in groups.values() for n in names) == sorted(load_dump(tmp_path / "helper", step))
+    last = json.loads(texts[0])
+    assert any(names == ["Torch.cos.0.forward"] and "torch.cos(x)" in frames[0] for names, frames in last.values())
+
+
 def test_killed_helper_leaves_training_and_dump_whole(make_debugger, dump_dir, caplog):
     model, x, y = make_gpt()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
