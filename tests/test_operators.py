@@ -131,3 +131,48 @@ def test_a_debugger_dropped_without_close_gives_its_patches_back(dump_dir):
     del dbg
     gc.collect()
     assert dict(vars(torch.Tensor)) == before
+
+
+def test_an_interceptor_stopped_out_of_order_gets_no_more_calls():
+    """A tool stopped while a debugger started after it still runs: the tool's handler
+    must see nothing more, the debugger's everything, also through kept patches."""
+    from probe.hook_module.interceptor import Interceptor
+    from probe.hook_module.registry import load_registry, resolve
+    resolved = resolve(load_registry())
+    seen = {"tool": [], "debugger": []}
+
+    def handler(who):
+        def record(name, func, args, kwargs):
+            seen[who].append(name)
+            return func(*args, **kwargs)
+        return record
+
+    x = torch.ones(2)
+    tool, debugger = Interceptor(resolved, handler("tool")), Interceptor(resolved, handler("debugger"))
+    tool.start()
+    debugger.start()
+    tool.stop()
+    2 * x
+    debugger.stop(keep_patches=True)
+    2 * x                                 # between steps: patched, nobody records
+    debugger.start()
+    2 * x
+    debugger.close()
+    assert seen == {"tool": [], "debugger": ["Tensor.__rmul__", "Tensor.__rmul__"]}
+
+
+def test_patches_go_after_the_last_step_to_dump(dump_dir):
+    from probe import PrecisionDebugger
+    PrecisionDebugger(dump_path=dump_dir).close()   # closes any debugger before this test
+    gc.collect()
+    before = dict(vars(torch.Tensor))
+    dbg = PrecisionDebugger(dump_path=dump_dir, step=[0, 2])
+    for step in range(4):
+        dbg.start()
+        2 * torch.ones(2)
+        dbg.stop()
+        patched = dict(vars(torch.Tensor)) != before
+        assert patched == (step in (0, 2)), step   # kept from a dumped step's start() ...
+        dbg.step()
+        assert dict(vars(torch.Tensor)) == before, step   # ... to its step(): no dump next
+    dbg.close()

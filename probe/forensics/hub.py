@@ -134,7 +134,7 @@ class ForensicsHandler:
         self.namer = namer or Namer()
         self.namer.source = inner
         self.features = list(features)
-        self._inner_counts = self.namer.collector_counts("")   # names registered APIs itself
+        self._inner_counts = self.namer.collector_counts("")   # counts registered APIs itself
 
     def add(self, feature):
         for f in self.features:
@@ -152,9 +152,13 @@ class ForensicsHandler:
     def __call__(self, name, func, args, kwargs):
         features = self.features
         custom = name.startswith(CUSTOM_PREFIX)
-        if len(features) == 1 and not custom and features[0].failure_only and self._inner_counts:
-            # The common case, on every call: crash dumps alone, a registered API, named by
-            # the collector's counter. No Call object and no feature loop unless it raises.
+        if not features:
+            return func(*args, **kwargs) if custom else self.inner(name, func, args, kwargs)
+        if custom or not self._inner_counts:
+            self.namer.count(name)
+        if len(features) == 1 and features[0].failure_only:
+            # The common case (crash dumps alone) runs on every call: no Call object and no
+            # feature loop unless the API raises.
             feature = features[0]
             try:
                 with _no_function_mode():     # unseen by the user's own modes
@@ -162,14 +166,10 @@ class ForensicsHandler:
             except Exception:
                 state = None
             try:
-                return self.inner(name, func, args, kwargs)
+                return func(*args, **kwargs) if custom else self.inner(name, func, args, kwargs)
             except Exception as exc:
                 self._report_failure(feature, state, name, func, args, kwargs, exc)
                 raise
-        if not features:
-            return func(*args, **kwargs) if custom else self.inner(name, func, args, kwargs)
-        if custom or not self.namer.collector_counts(name):
-            self.namer.count(name)
         call = Call(name, func, args, kwargs, self.namer)
         states = []
         for f in features:
