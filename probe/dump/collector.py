@@ -231,15 +231,11 @@ class ApiCollector:
                 "parent": None if self.construct is None else self.construct.current}
         flt = self.filter
         if flt.forward and flt.inputs:
-            describe = self._describe
-            if self.save_tensors:   # file names only where tensor files are written
-                call["entry"]["input_args"] = [describe(a, summaries, f"{fwd}.input.{i}")
-                                               for i, a in enumerate(args)]
-                call["entry"]["input_kwargs"] = {k: describe(v, summaries, f"{fwd}.{k}")
-                                                 for k, v in kwargs.items()}
-            else:
-                call["entry"]["input_args"] = [describe(a, summaries) for a in args]
-                call["entry"]["input_kwargs"] = {k: describe(v, summaries) for k, v in kwargs.items()}
+            save = self.save_tensors   # file names are built only where files are written
+            call["entry"]["input_args"] = [self._describe(a, summaries, save and f"{fwd}.input.{i}")
+                                           for i, a in enumerate(args)]
+            call["entry"]["input_kwargs"] = {k: self._describe(v, summaries, save and f"{fwd}.{k}")
+                                             for k, v in kwargs.items()}
         if flt.forward:
             self.stacks.capture(fwd, getattr(func, "__code__", None))
         if flt.backward and torch.is_grad_enabled():
@@ -255,11 +251,9 @@ class ApiCollector:
         entry = call["entry"]
         if flt.forward and flt.outputs:
             outs = out if isinstance(out, (tuple, list)) else [out]
-            if self.save_tensors:
-                entry["output"] = [self._describe(o, summaries, f"{base}.forward.output.{i}")
-                                   for i, o in enumerate(outs)]
-            else:
-                entry["output"] = [self._describe(o, summaries) for o in outs]
+            save = self.save_tensors
+            entry["output"] = [self._describe(o, summaries, save and f"{base}.forward.output.{i}")
+                               for i, o in enumerate(outs)]
         summaries.resolve()
         parent = call["parent"]
         if flt.forward:
@@ -284,21 +278,17 @@ class ApiCollector:
         return s
 
     def _describe(self, v, summaries, file_stem=None):
-        """``v``'s dump.json form; ``file_stem`` names its tensor files (task tensor; the
-        hot path leaves it out in statistics mode, where no file is written)."""
+        """``v``'s dump.json form; ``file_stem`` names its tensor files (task tensor; a
+        false value where no file is written, so the hot path builds no names)."""
         if isinstance(v, torch.Tensor):
             s = self._summary(v, summaries)
-            if self.save_tensors and file_stem is not None:
+            if self.save_tensors and file_stem:
                 s["data_name"] = self._save(v, file_stem)
             return s
         if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
-            if file_stem is None:
-                return [self._describe(x, summaries) for x in v]
-            return [self._describe(x, summaries, f"{file_stem}.{i}") for i, x in enumerate(v)]
+            return [self._describe(x, summaries, file_stem and f"{file_stem}.{i}") for i, x in enumerate(v)]
         if isinstance(v, dict):
-            if file_stem is None:
-                return {k: self._describe(x, summaries) for k, x in v.items()}
-            return {k: self._describe(x, summaries, f"{file_stem}.{k}") for k, x in v.items()}
+            return {k: self._describe(x, summaries, file_stem and f"{file_stem}.{k}") for k, x in v.items()}
         return describe_value(v)
 
     def _save(self, t, file_stem):
