@@ -103,31 +103,40 @@ def train_step(model, opt, x, y):
 
 
 # ---- timing -----------------------------------------------------------------------
-def time_steps(model_name, debugger_factory, warmup, steps, level="L1"):
-    """Median step times (s) off and on: two copies of the model, steps interleaved off/on.
+def time_steps(model_name, debugger_factory, warmup, steps, level="L1", block=10):
+    """Median step times (s) off and on, of one model trained in blocks of ``block`` steps
+    with dumping off and on in turn.
 
-    Interleaving makes load from other processes hit both sides alike. One intra-op
-    thread (in both processes): on a shared CPU, thread hand-offs otherwise swamp the
-    dump's own cost. Returns (off, on, debugger).
+    Blocks in turn make load from other processes hit both sides alike, and each side is
+    timed in its own steady state: steps interleaved one by one, or two model copies,
+    would evict each other's data from the caches, and so would a ``gc.collect()``
+    between steps (the step after one runs up to twice as slow on the mid model), hiding
+    the dump's cost in a slower baseline. The first step of each block is not timed, and
+    the garbage collector runs as it would in training. One intra-op thread (in both
+    processes): on a shared CPU, thread hand-offs otherwise swamp the dump's own cost.
+    Returns (off, on, debugger).
     """
     torch.set_num_threads(1)
-    plain = make(model_name)
-    dumped = make(model_name)
+    model, opt, x, y = make(model_name)
     dbg = debugger_factory()
-    off, on = [], []
-    for i in range(warmup + steps):
-        gc.collect()
-        t0 = time.perf_counter()
-        train_step(*plain)
-        t1 = time.perf_counter()
-        dbg.start(dumped[0] if level in ("L0", "mix") else None)
-        train_step(*dumped)
-        dbg.stop()
-        dbg.step()
-        t2 = time.perf_counter()
-        if i >= warmup:
-            off.append(t1 - t0)
-            on.append(t2 - t1)
+    module = model if level in ("L0", "mix") else None
+    times = ([], [])   # off, on
+    gc.collect()
+    per_side = -(-(warmup + steps) // (block - 1))
+    for b in range(2 * per_side):
+        on = b % 2
+        for k in range(block):
+            t0 = time.perf_counter()
+            if on:
+                dbg.start(module)
+                train_step(model, opt, x, y)
+                dbg.stop()
+                dbg.step()
+            else:
+                train_step(model, opt, x, y)
+            if k:
+                times[on].append(time.perf_counter() - t0)
+    off, on = (t[warmup:] for t in times)
     return statistics.median(off), statistics.median(on), dbg
 
 

@@ -1,0 +1,141 @@
+"""The least a statistics dump that behaves as the core issue asks can cost, per model and level.
+
+    python bench/floor.py [--quick]
+
+A stand-in dumper does only the work no design can leave out, and nothing else:
+
+- at L1 and mix, interception by a TorchFunctionMode filtered by the registry (the only
+  way to see functions imported before ``start()`` while ``act is F.gelu`` stays true;
+  probe keeps it at L0 too, for crash dumps, which this floor leaves out);
+- one statistics pass per distinct tensor a step (probe's compiled kernel and its
+  per-step cache, so a tensor seen twice unchanged is summarised once);
+- one hook on the autograd node of a call's outputs, summarising the gradients it sees
+  (a backward entry needs at least that); at L0 and mix, a pre and post forward hook per
+  module, kept between steps, and one hook per parameter.
+
+No names, counters, call stacks, records, JSON or files. Its step time over the plain
+step is a floor for probe's ratio on the same machine: the targets below it cannot be met
+by tuning probe's own code. Timed as ``overhead.py`` times probe (blocks of steps off and
+on, medians). This is a measurement, not a test.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import overhead  # noqa: E402  (bench/overhead.py: models, train step, timing)
+from probe.dump import stats  # noqa: E402,F401  (sets up the compiled kernel)
+from probe.dump import _cstats  # noqa: E402
+from probe.hook_module.interceptor import Interceptor, state  # noqa: E402
+from probe.hook_module.registry import load_registry, resolve  # noqa: E402
+
+TARGETS = {"L1": 1.3, "L0": 1.2, "mix": 1.4}   # issues #2 and #3, statistics, mid model
+
+
+class FloorDumper:
+    """``start(model)`` / ``stop()`` / ``step()`` like a debugger, doing only the floor's work."""
+
+    def __init__(self, level):
+        self.level = level
+        self.cache = {}
+        self.live = False
+        self.hooked = None
+        self.interceptor = Interceptor(resolve(load_registry()), self._api) if level != "L0" else None
+
+    # ---- a debugger's interface -----------------------------------------------------
+    def start(self, model=None):
+        if self.level in ("L0", "mix") and self.hooked is not model:
+            self._hook_modules(model)
+        self.live = True
+        if self.interceptor is not None:
+            self.interceptor.start()
+
+    def stop(self):
+        self.live = False
+        if self.interceptor is not None:
+            self.interceptor.stop(keep_patches=True)
+
+    def step(self):
+        self.cache.clear()
+
+    # ---- the work ------------------------------------------------------------------
+    def _summarise(self, value):
+        if isinstance(value, torch.Tensor):
+            _cstats.summary(value, self.cache)
+
+    def _hook_outputs(self, outputs):
+        node = None
+        for out in outputs:
+            self._summarise(out)
+            if isinstance(out, torch.Tensor) and out.grad_fn is not None and out.grad_fn is not node:
+                node = out.grad_fn
+                node.register_hook(self._grads)
+
+    def _grads(self, grad_inputs, grad_outputs):
+        state.depth += 1
+        try:
+            for g in grad_inputs + grad_outputs:
+                self._summarise(g)
+        finally:
+            state.depth -= 1
+
+    def _api(self, name, func, args, kwargs):
+        out = func(*args, **kwargs)
+        for a in args:
+            self._summarise(a)
+        for a in kwargs.values():
+            self._summarise(a)
+        self._hook_outputs(out if isinstance(out, tuple) else (out,))
+        return out
+
+    def _hook_modules(self, model):
+        self.hooked = model
+
+        def pre(module, args, kwargs):
+            if self.live and not state.depth:
+                state.depth += 1
+                for a in args:
+                    self._summarise(a)
+                for p in module._parameters.values():
+                    self._summarise(p)
+                state.depth -= 1
+
+        def post(module, args, kwargs, out):
+            if self.live and not state.depth:
+                state.depth += 1
+                self._hook_outputs(out if isinstance(out, tuple) else (out,))
+                state.depth -= 1
+
+        def param(grad):
+            if self.live:
+                self._summarise(grad)
+
+        for path, module in model.named_modules():
+            if path:
+                module.register_forward_pre_hook(pre, with_kwargs=True)
+                module.register_forward_hook(post, with_kwargs=True, always_call=True)
+        for p in model.parameters():
+            p.register_hook(param)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the 2-block model only, fewer steps")
+    args = ap.parse_args()
+    models = ["mid d256 2blk b8"] if args.quick else list(overhead.MODELS)[:3]
+    warmup, steps = (9, 45) if args.quick else (9, 90)
+    print(f"{'model':<24}{'level':<6}{'off ms':>8}{'floor ms':>9}{'floor':>7}{'target':>8}")
+    for model_name in models:
+        for level in ("L1", "L0", "mix"):
+            off, on, _ = overhead.time_steps(model_name, lambda: FloorDumper(level), warmup, steps, level)
+            target = f"x{TARGETS[level]}" if model_name.startswith("mid d256 2blk") else "-"
+            print(f"{model_name:<24}{level:<6}{off * 1e3:>8.2f}{on * 1e3:>9.2f}{on / off:>7.2f}{target:>8}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
