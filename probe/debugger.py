@@ -101,9 +101,9 @@ class PrecisionDebugger:
         """Pause dumping; nothing is recorded or hooked until the next ``start()``.
 
         The attributes probe patches (three Tensor dunders, torch_npu functions, collectives
-        once a process group exists) and, at L0 and mix, the module hooks stay in place,
-        passing calls straight through, until ``close()`` or a ``step()`` after which no
-        step is dumped: re-patching at every step costs ~50 us, re-hooking ~10 us a module.
+        once a process group exists) stay in place, passing calls straight through, until
+        ``close()`` or a ``step()`` after which no step is dumped: re-patching them at every
+        step costs ~50 us.
         """
         if self._active:
             self._active = False
@@ -124,7 +124,6 @@ class PrecisionDebugger:
                 part.reset_step()
         if self._interceptor is not None and not self.config.wants_step(self.current_step + 1):
             self._interceptor.stop()   # no dump next step: the patches go until one is wanted
-            self._modules.detach()
         self.current_step += 1
 
     def module_dump(self, module, name):
@@ -160,9 +159,6 @@ class PrecisionDebugger:
             self._construct = Construct()
             self._collector.construct = self._construct
         self._modules = ModuleDumper(self._collector, self._construct)
-        # Its hooks stay on the user's modules between steps: a debugger dropped without
-        # close() must not leave them there.
-        weakref.finalize(self, self._modules.detach)
         if level == "L2":
             from probe.dump.kernels import ApiTracker, KernelDumper
             self._tracker = ApiTracker()
@@ -195,7 +191,7 @@ class PrecisionDebugger:
             self._kernels.stop()
         if self._interceptor is not None:
             self._interceptor.stop(keep_patches=True)   # close() removes them
-        self._modules.pause()   # module hooks stay too, as long as the model is the same
+        self._modules.detach()
         for request in self._whole:
             for h in request[2] or ():
                 h.remove()
@@ -223,7 +219,6 @@ class PrecisionDebugger:
         self.stop()
         if self._interceptor is not None:
             self._interceptor.close()
-            self._modules.detach()
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -87,20 +87,6 @@ def _flatten(value, out):
     return out
 
 
-def _layout(models):
-    """The hooked objects: each submodule, its path, its parameters and which want grads."""
-    return [(module, path, [(p_name, p, p is not None and p.requires_grad) for p_name, p in module._parameters.items()])
-            for model in models for path, module in model.named_modules()]
-
-
-def _same(a, b):
-    """Layouts equal by identity (``==`` on tensors would compare values)."""
-    return len(a) == len(b) and all(
-        ma is mb and path_a == path_b and len(pa) == len(pb)
-        and all(x[0] == y[0] and x[1] is y[1] and x[2] == y[2] for x, y in zip(pa, pb))
-        for (ma, path_a, pa), (mb, path_b, pb) in zip(a, b))
-
-
 class ModuleDumper:
     """Module hooks of one dump run; shares writer, filter, stacks and summaries with ``api``."""
 
@@ -108,10 +94,7 @@ class ModuleDumper:
         self.api = api_collector
         self.construct = construct
         self.counters = {}
-        self.handles = []            # module and parameter hooks, kept between steps
-        self.optimizer_handles = []
-        self.layout = None           # what ``handles`` were made for (``_layout``)
-        self.live = False            # False: the kept hooks pass everything through
+        self.handles = []
         self.running = []            # (module, call or None, parent, scope key) per module call
         self.dumped = set()          # module names with a dumped forward this step
         self.grad_pending = {}       # module name -> {param name: summary}
@@ -128,20 +111,10 @@ class ModuleDumper:
 
     # ---- attaching --------------------------------------------------------
     def attach(self, models):
-        """Hook every submodule of ``models`` (a module or a list of them).
-
-        The hooks stay installed after ``pause()``, passing calls through, and are reused
-        while the models' modules and parameters are the same objects: registering ~2 hooks
-        per module and one per parameter at every step costs ~10 us a module.
-        """
+        """Hook every submodule of ``models`` (a module or a list of them)."""
         if isinstance(models, torch.nn.Module):
             models = [models]
         models = list(models)
-        layout = _layout(models)
-        if self.layout is not None and _same(layout, self.layout):
-            self.live = True
-            return
-        self.detach()
         owners = {}   # parameter -> [(module name, parameter name, module's parameter count)]
         for i, model in enumerate(models):
             prefix = f"{i}." if len(models) > 1 else ""
@@ -156,8 +129,6 @@ class ModuleDumper:
                     owners.setdefault(p, []).append((name, p_name, [n for n, _ in params]))
         for p, who in owners.items():
             self.handles.append(p.register_hook(self._param_hook(who)))
-        self.layout = layout
-        self.live = True
 
     def attach_whole(self, module, name):
         """``module_dump``: the module as one entry, nothing inside it. Returns the handles."""
@@ -172,13 +143,8 @@ class ModuleDumper:
         from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                            register_optimizer_step_pre_hook)
         construct = self.construct
-        self.live = True
-        if self.optimizer_handles:
-            return
 
         def pre(optimizer, args, kwargs):
-            if not self.live:
-                return
             self.optimizer_prev.append(construct.current)
             construct.tree.setdefault("optimizer", None)
             construct.current = OPTIMIZER
@@ -186,24 +152,16 @@ class ModuleDumper:
         def post(optimizer, args, kwargs):
             if self.optimizer_prev:
                 construct.current = self.optimizer_prev.pop()
-        self.optimizer_handles = [register_optimizer_step_pre_hook(pre),
-                                  register_optimizer_step_post_hook(post)]
+        self.handles.append(register_optimizer_step_pre_hook(pre))
+        self.handles.append(register_optimizer_step_post_hook(post))
 
-    def pause(self):
-        """``stop()``: the hooks stay but record nothing until the next ``attach``."""
-        self.live = False
+    def detach(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
         self.running.clear()
         if self.construct is not None:
             self.construct.current = None
-
-    def detach(self):
-        """Remove every hook (the models changed, no step left to dump, or ``close()``)."""
-        self.pause()
-        for h in self.handles + self.optimizer_handles:
-            h.remove()
-        self.handles = []
-        self.optimizer_handles = []
-        self.layout = None
 
     # ---- forward ------------------------------------------------------------
     def _hook_module(self, module, name, whole):
@@ -214,7 +172,7 @@ class ModuleDumper:
         construct = self.construct
 
         def pre(mod, args, kwargs):
-            if not (self.live or whole) or state.depth or blocked.value:   # module_dump's go at stop
+            if state.depth or blocked.value:
                 return None
             n = counters.get(name, 0)
             counters[name] = n + 1
@@ -240,8 +198,6 @@ class ModuleDumper:
             return None
 
         def post(mod, args, kwargs, output):
-            if not (self.live or whole):
-                return None
             if whole and running and running[-1][0] is mod and running[-1][4]:
                 blocked.value -= 1
                 state.depth -= 1
@@ -340,7 +296,7 @@ class ModuleDumper:
         api = self.api
 
         def hook(grad):
-            if self.live and api.filter.backward:
+            if api.filter.backward:
                 try:
                     with _OwnWork():
                         self._param_grad(owners, grad)
