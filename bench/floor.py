@@ -11,9 +11,12 @@ A stand-in dumper does only the work no design can leave out, and nothing else:
   per-step cache, so a tensor seen twice unchanged is summarised once);
 - one hook on the autograd node of a call's outputs, summarising the gradients it sees
   (a backward entry needs at least that); at L0 and mix, a pre and post forward hook per
-  module, kept between steps, and one hook per parameter.
+  module and one hook per parameter, made at ``start()`` and removed at ``stop()`` as
+  probe does (hooks left on a model break pickling and copying it between steps).
 
-No names, counters, call stacks, records, JSON or files. Its step time over the plain
+No names, counters, call stacks, records, JSON or files, and no statistics for tensors
+the compiled summary does not take (non-contiguous ones), which only lowers the floor.
+Its step time over the plain
 step is a floor for probe's ratio on the same machine: the targets below it cannot be met
 by tuning probe's own code. Timed as ``overhead.py`` times probe (blocks of steps off and
 on, medians). This is a measurement, not a test.
@@ -43,20 +46,20 @@ class FloorDumper:
     def __init__(self, level):
         self.level = level
         self.cache = {}
-        self.live = False
-        self.hooked = None
+        self.handles = []
         self.interceptor = Interceptor(resolve(load_registry()), self._api) if level != "L0" else None
 
     # ---- a debugger's interface -----------------------------------------------------
     def start(self, model=None):
-        if self.level in ("L0", "mix") and self.hooked is not model:
+        if self.level in ("L0", "mix"):
             self._hook_modules(model)
-        self.live = True
         if self.interceptor is not None:
             self.interceptor.start()
 
     def stop(self):
-        self.live = False
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
         if self.interceptor is not None:
             self.interceptor.stop(keep_patches=True)
 
@@ -94,10 +97,8 @@ class FloorDumper:
         return out
 
     def _hook_modules(self, model):
-        self.hooked = model
-
         def pre(module, args, kwargs):
-            if self.live and not state.depth:
+            if not state.depth:
                 state.depth += 1
                 for a in args:
                     self._summarise(a)
@@ -106,21 +107,19 @@ class FloorDumper:
                 state.depth -= 1
 
         def post(module, args, kwargs, out):
-            if self.live and not state.depth:
+            if not state.depth:
                 state.depth += 1
                 self._hook_outputs(out if isinstance(out, tuple) else (out,))
                 state.depth -= 1
 
         def param(grad):
-            if self.live:
-                self._summarise(grad)
+            self._summarise(grad)
 
         for path, module in model.named_modules():
             if path:
-                module.register_forward_pre_hook(pre, with_kwargs=True)
-                module.register_forward_hook(post, with_kwargs=True, always_call=True)
-        for p in model.parameters():
-            p.register_hook(param)
+                self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+                self.handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+        self.handles += [p.register_hook(param) for p in model.parameters()]
 
 
 def main():

@@ -248,3 +248,29 @@ def test_hook_failure_is_logged_and_training_goes_on(make_debugger, dump_dir, ca
     dbg.step()
     assert torch.equal(out, expected)
     assert sum("hook broke" in r.getMessage() for r in caplog.records) == 5  # once per module name, not per call
+
+
+def test_nothing_of_probe_stays_on_the_model_between_steps(make_debugger, dump_dir, tmp_path):
+    """Between steps users save, copy or script the model (checkpoints, EMA copies): no
+    hook of probe may be left on it, or pickling fails on its closures and a copy would
+    record under the original's names."""
+    import copy
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    x = torch.randn(2, 3)
+    dbg = make_debugger(level="mix")
+    dbg.start(model)
+    model(x).sum().backward()
+    dbg.stop()
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+    assert all(not p._backward_hooks for p in model.parameters())
+    dbg.step()
+    torch.save(model, tmp_path / "model.pt")          # pickles the whole module
+    ema = copy.deepcopy(model)
+    dbg.start(model)
+    model(x).sum().backward()
+    ema(torch.randn(5, 3))                            # the copy is not dumped
+    dbg.stop()
+    dbg.step()
+    linears = [k for k in load_dump(dump_dir, step=1) if k.startswith("Module.0.Linear.forward")]
+    assert linears == ["Module.0.Linear.forward.0"]
