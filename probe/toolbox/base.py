@@ -14,6 +14,7 @@ import torch
 
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import Interceptor, guard
+from probe.hook_module.operators import unpatched
 from probe.hook_module.registry import load_registry, resolve
 from probe.toolbox import options
 
@@ -60,8 +61,7 @@ def func_table(resolved):
     for func, name in resolved.by_func.named():
         table.setdefault(name, func)
     for attr, name in resolved.dunders.items():
-        f = getattr(torch.Tensor, attr)
-        table.setdefault(name, getattr(f, "__probe_original__", f))   # past a debugger's patch
+        table.setdefault(name, unpatched(attr))   # past a debugger's patch
     for owner, attr, name in resolved.patched:
         f = getattr(owner, attr, None)
         if f is not None:
