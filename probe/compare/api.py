@@ -29,7 +29,7 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     by name (msprobe); ``fuzzy_match`` pairs the k-th call of each API. ``auto_analyze``
     adds the diagnosis (first divergence, Diagnosis sheet, summary json).
     """
-    from .diagnosis import diagnose, noise_floor
+    from .diagnosis import diagnose, mark_rows, noise_floor
     from .engine import compare_dumps, gc_paused
     from .report import diagnosis_lines, summary_rows, write_report
     if not isinstance(dump_result_param, dict):
@@ -57,7 +57,9 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
         diag = None
         if auto_analyze:
             noise = noise_floor(bench, bench2, workers=workers, align=align) if bench2 else None
-            diag = lambda: diagnose(result, noise)    # noqa: E731  (run beside the rows)
+            diag = diagnose(result, noise, replay=kwargs.get("replay"),
+                            progress=kwargs.get("progress", verbose))
+            mark_rows(result, diag)
         paths = write_report(result, output_path, kwargs.get("tag", ""), diag, bench2)
     if verbose:
         for note in result.notes:

@@ -10,11 +10,26 @@ of a call are compared like everything else (NPU input vs bench input), so
 with error on one scale for every row: the relative L2 error ||npu - bench|| / ||bench||
 in tensor mode (it sees a 1.01 scaling that cosine cannot), the worst statistic's
 difference relative to the tensor's magnitude in statistics mode (Err/Tolerance x rtol).
-A call *introduces* error when its output error is beyond the dtype's tolerance (and
-beyond the run-to-run noise of that call, when a second bench dump measured it) and more
-than JUMP times its input error; beyond tolerance but not jumping it *inherits*.
+In a tensor dump each call whose output differs is also re-run on the NPU side's own
+inputs (``local_error``): its *local* error (what its kernel added, against a float64
+golden of the same inputs) decides, whatever the op does to error that came in. A call
+*introduces* error when its local error is beyond what a correct kernel of its dtype adds
+(or is a scale that rounding does not make); otherwise it *inherits* when its output
+differs beyond the dtype's tolerance, and is *clean* below. Calls that cannot be re-run
+(statistics dumps, random APIs, arguments not recorded by value) are judged by the jump:
+output error beyond the tolerance (and the run-to-run noise, when a second bench dump
+measured it) and more than JUMP times the input error (STATS_JUMP in a low-precision
+statistics dump, whose four numbers per tensor are noisier), except that two kinds of
+call never introduce while their inputs differ: selections and copies (views, indexing,
+embedding: they cannot add error, only pick the part that has most) and the optimizer's
+calls (made after the step's last backward call: AdamW divides by sqrt(v) and turns
+gradients that differ by rounding into weights that differ by up to 2 x lr).
 Backward calls are read the same way in backward order: their inputs are the grads w.r.t.
 the forward outputs, their outputs the grads w.r.t. the forward inputs.
+
+Weights and optimizer state are inputs. At step N >= 1 they already differ (step N-1's
+update); ``state`` reports the inputs read from outside the step (no earlier call of the
+step produced them) that differ, and by how much.
 """
 from __future__ import annotations
 
@@ -22,12 +37,16 @@ import math
 from dataclasses import dataclass, field
 
 from . import verdict as vd
+from .local_error import LocalError, Replays
 from .rows import direction
 
 JUMP = 4.0           # output error above JUMP x input error: the call made it, not its inputs
+STATS_JUMP = 10.0    # the same from Max/Min/Mean/Norm alone in a bf16/fp16 run (noisier)
+AGREE = 1e-4        # inputs closer than this (fp32's tolerance) agree, for the rules above
 NOISE_FACTOR = 4.0   # with a noise floor, error must also exceed NOISE_FACTOR x the noise
 N_SUSPECTS = 5
-_TINY = 1e-300
+N_STATE = 5          # differing outside inputs listed by name
+_LOW_PRECISION = ("bfloat16", "float16")
 
 
 @dataclass
@@ -49,6 +68,9 @@ class CallDiag:
     module: str | None = None
     one_minus_cos: float | None = None
     max_rel: float | None = None
+    phase: str = ""                # "optimizer" for calls after the step's last backward call
+    local: LocalError | None = None    # the call re-run on the NPU's inputs (tensor dumps)
+    exact_api: bool = False        # a selection, copy or conversion: adds no error of its own
 
     @property
     def name(self) -> str:
@@ -58,7 +80,9 @@ class CallDiag:
     def jump(self) -> float | None:
         if self.output_error is None:
             return None
-        return self.output_error / max(self.input_error or 0.0, _TINY)
+        if not self.input_error:
+            return math.inf if self.output_error > 0 else 0.0
+        return self.output_error / self.input_error
 
     @property
     def threshold(self) -> float:
@@ -70,10 +94,26 @@ class CallDiag:
 
     @property
     def score(self) -> float:
-        """How far the output error exceeds what came in (and the threshold): for ranking."""
+        """How far the output error exceeds what came in (and the threshold): for ranking.
+        With a replay: how far the local error exceeds what a correct kernel adds."""
+        if self.local is not None:
+            return self.local.ratio
         if self.output_error is None:
             return 0.0
         return self.output_error / max(self.input_error or 0.0, self.threshold)
+
+    @property
+    def reason(self) -> str:
+        """One sentence: why this call is judged as it is."""
+        if self.local is not None:
+            return self.local.reason()
+        if self.status == "introduces":
+            return (f"its output differs by {self.output_error:.3g} where its inputs differ by "
+                    f"{self.input_error or 0.0:.3g} (more than the threshold {self.threshold:.3g})")
+        if self.status == "inherits":
+            return (f"its output differs by {self.output_error:.3g}, explained by its inputs "
+                    f"(differing by {self.input_error or 0.0:.3g})")
+        return ""
 
 
 @dataclass
@@ -81,7 +121,36 @@ class Divergence:
     """Where error starts in one direction: the call, or the first call whose inputs differ."""
     kind: str                         # "introduced" or "inputs_differ"
     call: CallDiag
-    candidates: list = field(default_factory=list)  # unmatched calls just before, for inputs_differ
+    candidates: list = field(default_factory=list)  # unmatched calls just before it
+
+
+@dataclass
+class OutsideInput:
+    """An input row no earlier call of the step produced (a weight, optimizer state, data)."""
+    row: str
+    shape: tuple | None
+    error: float
+    module: str | None
+
+
+@dataclass
+class State:
+    """Inputs read from outside the step that differ: the previous steps' updates."""
+    differing: list                   # OutsideInput, largest error first
+    compared: int                     # outside inputs compared
+
+    @property
+    def max_error(self) -> float:
+        return self.differing[0].error if self.differing else 0.0
+
+
+@dataclass
+class Drift:
+    """How much error the step accumulates and where it grows fastest."""
+    forward: float | None             # output error of the last forward call
+    backward: float | None            # output error of the last backward call
+    largest: CallDiag | None          # the call with the largest output error
+    fastest: CallDiag | None          # the call whose output/input error ratio is largest
 
 
 @dataclass
@@ -91,10 +160,34 @@ class Diagnosis:
     backward: Divergence | None
     suspects: list
     error_measure: str
+    inputs_differ: Divergence | None = None   # first call whose inputs differ, none introduced
+    state: State | None = None
+    drift: Drift | None = None
+    replayed: int = 0                 # calls judged by their replay
+    low_precision: str | None = None  # "bfloat16" when the NPU side computed in it
 
 
 def _f(x):
     return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _stat_error(a, b) -> float | None:
+    """Worst statistic's difference relative to the tensor's own magnitude: Max, Min and
+    Mean against max(|Max|, |Min|, RMS), Norm against the Norm. Scale-free, so a call that
+    only scales its input (a division by a constant, an optimizer's bias correction) does
+    not look as if it made error where tensors are small."""
+    (nx, nn, nm, nl), (bx, bn, bm, bl) = a.stats, b.stats
+    vals = (nx, nn, nm, nl, bx, bn, bm, bl)
+    if any(v is None or math.isnan(v) for v in vals):
+        return None
+    if not all(math.isfinite(v) for v in vals):
+        return 0.0 if (nx, nn, nm, nl) == (bx, bn, bm, bl) else math.inf
+    numel = b.numel or 1
+    scale = max(abs(bx), abs(bn), abs(bl) / math.sqrt(numel))
+    if scale == 0.0:
+        return 0.0 if (nx, nn, nm, nl) == (bx, bn, bm, bl) else math.inf
+    worst = max(abs(nx - bx), abs(nn - bn), abs(nm - bm)) / scale
+    return max(worst, abs(nl - bl) / bl if bl else 0.0)
 
 
 def row_errors(result) -> list:
@@ -103,7 +196,6 @@ def row_errors(result) -> list:
     n = result.n_rows
     out: list = [None] * n
     tol_dtype, verdicts = cols["Tolerance Dtype"], cols["Result"]
-    ratio = cols["Err/Tolerance"]
     for i, p in enumerate(result.pairs):
         a, b = p.npu, p.bench
         if a is None or b is None or a.kind != "tensor" or b.kind != "tensor":
@@ -117,13 +209,12 @@ def row_errors(result) -> list:
                 out[i] = euc / norm if norm > 0 else (0.0 if euc == 0 else math.inf)
                 continue
         else:
-            r = _f(ratio[i])
-            if r is not None and not math.isnan(r):
-                tol = vd.TOLERANCES.get(tol_dtype[i]) or vd.TOLERANCES["float32"]
-                out[i] = r * tol.rtol
-                continue
             if mode == "md5" and cols["NPU MD5"][i] is not None and cols["NPU MD5"][i] == cols["BENCH MD5"][i]:
                 out[i] = 0.0
+                continue
+            e = _stat_error(a, b) if a.shape == b.shape else None
+            if e is not None:
+                out[i] = e
                 continue
         if verdicts[i] == "error":          # shape / dtype / NaN placement: nothing to measure
             out[i] = math.inf
@@ -195,12 +286,31 @@ def _units(result, errors):
     return calls
 
 
-def _judge(u: CallDiag):
+def _mark(calls):
+    """Phase (optimizer calls come after the step's last backward call) and exactness."""
+    from probe.precheck.entries import parse_name
+    last_bwd = max((u.index for u in calls if u.direction == "backward"), default=None)
+    for u in calls:
+        if last_bwd is not None and u.direction == "forward" and u.index > last_bwd:
+            u.phase = "optimizer"
+        api = parse_name(u.name)
+        if api is not None:
+            u.exact_api = api.exact if u.direction == "forward" else api.exact_backward
+
+
+def _judge(u: CallDiag, jump: float):
     if u.status in ("unmatched", "not compared"):
         return
-    if u.output_error is None or not (u.output_error > u.threshold):
+    beyond = u.output_error is not None and u.output_error > u.threshold
+    if u.local is not None:
+        local = u.local.introduces and u.local.local > NOISE_FACTOR * (u.noise or 0.0)
+        u.status = "introduces" if local else ("inherits" if beyond else "clean")
+        return
+    if not beyond:
         u.status = "clean"
-    elif u.output_error > JUMP * (u.input_error or 0.0):
+    elif (u.exact_api or u.phase == "optimizer") and (u.input_error or 0.0) > AGREE:
+        u.status = "inherits"           # cannot add error of its own / normalises what came in
+    elif u.output_error > jump * (u.input_error or 0.0):
         u.status = "introduces"
     else:
         u.status = "inherits"
@@ -216,37 +326,121 @@ def _eligible(calls):
             and (not has_api or not is_module(u))]
 
 
+def _unmatched_before(seq, k):
+    """The one-sided calls right before position k (back to the previous compared call)."""
+    out = []
+    for c in reversed(seq[:k]):
+        if c.status != "unmatched":
+            break
+        out.append(c)
+    return out[::-1]
+
+
 def _first(calls, direction):
-    last_clean = -1
+    """The first call that introduces error in ``direction``, and the first whose inputs
+    differ while nothing before it introduced error (None each when there is none)."""
     seq = [u for u in calls if u.direction == direction]
+    differ = None
     for k, u in enumerate(seq):
         if u.status == "introduces":
-            return Divergence("introduced", u)
-        if u.status in ("inherits", "clean") and (u.input_error or 0.0) > u.input_threshold:
-            cands = [c for c in seq[last_clean + 1:k] if c.status == "unmatched"]
-            return Divergence("inputs_differ", u, cands)
-        if u.status == "clean":
-            last_clean = k
+            return Divergence("introduced", u, _unmatched_before(seq, k)), differ
+        if differ is None and u.status in ("inherits", "clean") and \
+                (u.input_error or 0.0) > u.input_threshold:
+            differ = Divergence("inputs_differ", u, _unmatched_before(seq, k))
+    return None, differ
+
+
+def _state(result, calls, errors) -> State:
+    """Inputs of forward calls that no earlier call of the step produced, and that differ.
+
+    A tensor's identity is not in the dump; its (dtype, shape, statistics) are, and an
+    output and the later input it feeds carry the same ones exactly."""
+    produced, differing, compared = set(), [], 0
+    pairs = result.pairs
+    for u in calls:
+        if u.direction != "forward" or u.phase == "optimizer":
+            continue
+        for i in u.rows:
+            a = pairs[i].npu
+            if a is None or a.kind != "tensor":
+                continue
+            key = (a.dtype, a.shape, a.stats)
+            if a.io in ("input", "parameters"):
+                if key in produced or pairs[i].bench is None or errors[i] is None:
+                    continue
+                compared += 1
+                if errors[i] > 0:
+                    differing.append(OutsideInput(a.name, a.shape, errors[i], u.module))
+            elif a.io == "output":
+                produced.add(key)
+    differing.sort(key=lambda o: -o.error)
+    return State(differing, compared)
+
+
+def _drift(calls) -> Drift:
+    judged = [u for u in calls if u.output_error is not None and u.status != "not compared"]
+    fwd = [u for u in judged if u.direction == "forward" and u.phase != "optimizer"]
+    bwd = [u for u in judged if u.direction == "backward"]
+    finite = [u for u in judged if math.isfinite(u.output_error)]
+    largest = max(finite, key=lambda u: u.output_error, default=None)
+    growing = [u for u in finite if u.status == "inherits" and u.input_error]
+    fastest = max(growing, key=lambda u: u.output_error / u.input_error, default=None)
+    return Drift(fwd[-1].output_error if fwd else None, bwd[-1].output_error if bwd else None,
+                 largest, fastest)
+
+
+def _low_precision(result):
+    for dt in result.columns.get("NPU Dtype", ()):
+        if dt and any(lp in dt for lp in _LOW_PRECISION):
+            return next(lp for lp in _LOW_PRECISION if lp in dt)
     return None
 
 
-def diagnose(result, noise: dict | None = None) -> Diagnosis:
+def _replay(result, calls, progress: bool) -> int:
+    """Judge by their local error the calls whose output differs (tensor dumps)."""
+    todo = [u for u in calls if u.npu_entry and u.status not in ("unmatched", "not compared")
+            and u.output_error and not u.name.startswith("Module.")]
+    if not todo:
+        return 0
+    from tqdm import tqdm
+    replays = Replays(result.npu.json_path)
+    done = 0
+    for u in tqdm(todo, desc="replay calls", unit="call", delay=2.0, disable=not progress):
+        u.local = replays.local_error(u.npu_entry)
+        done += u.local is not None
+    return done
+
+
+def diagnose(result, noise: dict | None = None, replay: bool | None = None,
+             progress: bool = False) -> Diagnosis:
     """Per-call local/inherited verdicts, first divergence forward and backward, suspects.
 
-    ``noise``: bench entry -> run-to-run (input, output) error of that call (noise_floor)."""
+    ``noise``: bench entry -> run-to-run (input, output) error of that call (noise_floor).
+    ``replay``: re-run calls on the NPU's inputs (default: in tensor mode)."""
     errors = row_errors(result)
     calls = _units(result, errors)
+    _mark(calls)
+    low = _low_precision(result)
     for u in calls:
         if noise and u.bench_entry in noise:
             u.noise_in, u.noise = noise[u.bench_entry]
-        _judge(u)
     eligible = _eligible(calls)
-    fwd, bwd = _first(eligible, "forward"), _first(eligible, "backward")
+    replayed = 0
+    if (result.mode == "tensor" if replay is None else replay) and result.npu is not None:
+        replayed = _replay(result, eligible, progress)
+    jump = STATS_JUMP if result.mode != "tensor" and low else JUMP
+    for u in calls:
+        _judge(u, jump)
+    (fwd, fwd_differ), (bwd, bwd_differ) = _first(eligible, "forward"), _first(eligible, "backward")
     intro = [u for u in eligible if u.status == "introduces"]
+    firsts = [d.call for d in (fwd, bwd) if d is not None]
     intro.sort(key=lambda u: -u.score)
+    suspects = firsts + [u for u in intro if u not in firsts]
     measure = ("relative L2 error ||npu-bench||/||bench||" if result.mode == "tensor"
                else "worst statistic difference relative to the tensor's magnitude")
-    return Diagnosis(calls, fwd, bwd, intro[:N_SUSPECTS], measure)
+    return Diagnosis(calls, fwd, bwd, suspects[:N_SUSPECTS], measure,
+                     inputs_differ=fwd_differ or bwd_differ, state=_state(result, calls, errors),
+                     drift=_drift(eligible), replayed=replayed, low_precision=low)
 
 
 def noise_floor(bench_json: str, bench2_json: str, **kw) -> dict:
@@ -259,3 +453,23 @@ def noise_floor(bench_json: str, bench2_json: str, **kw) -> dict:
         if u.bench_entry and u.output_error is not None:
             out[u.bench_entry] = (u.input_error or 0.0, u.output_error)
     return out
+
+
+def mark_rows(result, diag: Diagnosis) -> None:
+    """Make the rows agree with the diagnosis: the worst output row of a call that
+    introduces error is an error row that says why; an error row of a call shown by its
+    replay to inherit becomes a warning that says so (its inputs explain it)."""
+    cols = result.columns
+    verdicts, messages = cols["Result"], cols["Err_message"]
+    for u in diag.calls:
+        if u.status == "introduces" and u.worst_row is not None:
+            i = u.worst_row
+            verdicts[i] = "error"
+            text = f"error: introduces error: {u.reason}"
+            messages[i] = text + ("; " + messages[i] if messages[i] else "")
+        elif u.status in ("inherits", "clean") and u.local is not None:
+            for i in u.rows:
+                if verdicts[i] == "error" and result.pairs[i].npu is not None \
+                        and result.pairs[i].npu.io in ("output", "parameters_grad"):
+                    verdicts[i] = "warning"
+                    messages[i] = f"warning: inherited: {u.reason}; " + messages[i]

@@ -61,3 +61,10 @@ def tag_for(key) -> str:
     if rank:
         parts.append(f"rank{rank}")
     return "_".join(parts)
+
+
+def step_of(json_path: str) -> int | None:
+    """The step of ``{root}/step{N}/{rank dir}/dump.json``, or None when the path has none."""
+    parent = os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(json_path))))
+    m = _STEP.match(parent)
+    return int(m.group(1)) if m else None

@@ -9,7 +9,9 @@ import json
 import math
 from collections import Counter
 
+from .diagnosis import N_STATE
 from .engine import load_stacks
+from .layout import step_of
 
 SCHEMA = "probe.compare_summary/1"
 _TENSOR_KEYS = ["Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
@@ -54,7 +56,15 @@ def call_record(result, u, stack) -> dict:
            "input_error": _num(u.input_error), "output_error": _num(u.output_error),
            "jump": _num(u.jump), "threshold": _num(u.threshold), "noise": _num(u.noise),
            "noise_input": _num(u.noise_in),
-           "module": u.module, "stack": stack(u.npu_entry) or stack(u.bench_entry)}
+           "module": u.module, "stack": stack(u.npu_entry) or stack(u.bench_entry),
+           "phase": u.phase or ("backward" if u.direction == "backward" else "forward"),
+           "reason": u.reason or None}
+    if u.local is not None:
+        le = u.local
+        rec["local"] = {"error": _num(le.local), "correct_kernel": _num(le.reference),
+                        "rounding": le.rounding, "allowed": _num(le.allowed),
+                        "ratio": _num(le.ratio), "scale": _num(le.bias),
+                        "scale_spread": _num(le.bias_spread)}
     if u.worst_row is not None:
         i = u.worst_row
         keys = _TENSOR_KEYS if result.mode == "tensor" else _STAT_KEYS
@@ -71,9 +81,47 @@ def _divergence(result, d, stack):
         return None
     rec = call_record(result, d.call, stack)
     rec["kind"] = d.kind
-    if d.candidates:
-        rec["unmatched_before"] = [c.name for c in d.candidates]
+    rec["unmatched_before"] = [c.name for c in d.candidates]
     return rec
+
+
+def _state(state, step) -> dict | None:
+    """Weights / optimizer state / data read from outside the step, where they differ."""
+    if state is None:
+        return None
+    differ = bool(state.differing)
+    since = f" since step {step - 1}" if differ and step else ""
+    return {"differ": differ, "compared": state.compared, "differing": len(state.differing),
+            "max_error": _num(state.max_error),
+            "largest": [{"row": o.row, "shape": list(o.shape) if o.shape is not None else None,
+                         "error": _num(o.error), "module": o.module} for o in state.differing[:N_STATE]],
+            "text": (f"weights, optimizer state or data read from outside this step differ{since}: "
+                     f"{len(state.differing)} of {state.compared} such inputs, largest relative "
+                     f"difference {state.max_error:.3g} ({state.differing[0].row})") if differ else
+                    f"the {state.compared} inputs read from outside this step (weights, optimizer "
+                    f"state, data) agree"}
+
+
+def _drift(drift) -> dict | None:
+    if drift is None:
+        return None
+    def call(u):
+        if u is None:
+            return None
+        return {"name": u.name, "output_error": _num(u.output_error), "input_error": _num(u.input_error),
+                "growth": _num(u.output_error / u.input_error) if u.input_error else None}
+    return {"forward": _num(drift.forward), "backward": _num(drift.backward),
+            "largest": call(drift.largest), "grows_fastest": call(drift.fastest)}
+
+
+def verdict_text(diag, primary) -> str:
+    """The one-sentence answer of the compare."""
+    if primary is not None:
+        u = primary.call
+        where = f" in {u.module}" if u.module else ""
+        return f"{u.name}{where} introduces error: {u.reason}"
+    dtype = diag.low_precision or "the dtypes compared"
+    return f"no API introduces error beyond what {dtype} explains"
 
 
 def _groups(result, groups) -> list:
@@ -101,6 +149,7 @@ def build(result, diag, bench2_path: str | None = None, stack_path: str | None =
     status = Counter(u.status for u in diag.calls)
     groups = [u for u in diag.calls if u.match.startswith("group")]
     primary = diag.forward or diag.backward
+    step = step_of(result.npu.json_path) if result.npu else None
     return {
         "schema": SCHEMA,
         "mode": result.mode,
@@ -117,15 +166,33 @@ def build(result, diag, bench2_path: str | None = None, stack_path: str | None =
                       "bench": [u.bench_entry for u in diag.calls
                                 if u.status == "unmatched" and not u.npu_entry]},
         "groups": _groups(result, groups),
+        "verdict": verdict_text(diag, primary),
+        "replayed_calls": diag.replayed,
         "first_divergence": {
             "name": primary.call.name if primary else None,
             "direction": primary.call.direction if primary else None,
             "forward": _divergence(result, diag.forward, stack),
             "backward": _divergence(result, diag.backward, stack)},
+        "inputs_differ": _divergence(result, diag.inputs_differ, stack),
+        "state": _state(diag.state, step),
+        "drift": _drift(diag.drift),
         "suspects": [dict(call_record(result, u, stack), rank=k + 1, score=_num(u.score))
                      for k, u in enumerate(diag.suspects)],
-        "notes": list(result.notes),
+        "notes": list(result.notes) + _limits(result, diag),
     }
+
+
+def _limits(result, diag) -> list:
+    """What this compare could not judge, said once."""
+    notes = []
+    if result.mode != "tensor":
+        notes.append("statistics mode: calls are judged from Max/Min/Mean/Norm alone; an error "
+                     "these four numbers do not show, or one within the dtype's rounding of them "
+                     f"({'bf16: ~1%' if diag.low_precision else 'fp32: ~1e-4'}), is not seen; a "
+                     "tensor dump re-runs each call on its own inputs and sees such errors")
+    elif diag.replayed == 0 and any(u.output_error for u in diag.calls):
+        notes.append("no call could be re-run from the dump's files: calls judged by their jump")
+    return notes
 
 
 def write(path: str, summary: dict) -> None:

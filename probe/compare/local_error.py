@@ -1,0 +1,203 @@
+"""What each call does to error on its own: the call re-run on the NPU side's own inputs.
+
+Comparing an NPU output with the bench's mixes two things: error the call's inputs already
+carried (inherited: different weights after an optimizer step, a faulty call upstream)
+and error the call itself added (local). Measured from both sides' tensors alone, the
+split needs a model of how the op propagates error, and every simple model fails on some
+op: an embedding selects the rows that the last update changed most, a LayerNorm divides
+by a small spread, an AdamW update divides by sqrt(v) and turns a gradient's rounding
+into a difference of 2 x lr on a weight near zero. Replaying the call from the NPU's
+dumped inputs measures the local part directly, whatever the op:
+
+    golden    = the call in float64 on the NPU's inputs (tensor files of a tensor dump)
+    local     = ||npu output - golden|| / ||golden||         what the NPU's kernel added
+    reference = ||replay in the NPU's dtypes - golden|| / ||golden||
+                                                  what a correct kernel of those dtypes adds
+    bias      = <npu - golden, golden> / <golden, golden>, minus the same for the replay:
+                the part of the local error that is a scale; rounding is zero-mean, a
+                kernel bug (a wrong scale, a wrong accumulation dtype) usually is not
+
+A call introduces error when its local error is beyond LOCAL_FACTOR x what a correct
+kernel of its dtype adds (the replay's error, and at least the dtype's rounding), or when
+its bias stands out of the rounding's spread by BIAS_Z standard errors and is at least the
+dtype's rounding. Replays run on the CPU, one call at a time, only for calls whose output
+differs at all, through run-ut's rebuilding of calls (``probe.precheck``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+LOCAL_FACTOR = 3.0      # local error above this many times a correct kernel's: introduced
+BIAS_Z = 8.0            # a scale this many standard errors of rounding away from 0: introduced
+# Relative rounding error of one correctly rounded result, by output dtype: what the
+# smallest local error of a correct kernel is (half the spacing at 1.0).
+ROUNDING = {"torch.bfloat16": 2.0 ** -9, "torch.float16": 2.0 ** -12,
+            "torch.float32": 2.0 ** -25, "torch.float64": 2.0 ** -54}
+
+
+@dataclass
+class LocalError:
+    """The local error of one call's worst output (see the module docstring)."""
+    local: float              # ||npu - golden|| / ||golden||
+    reference: float          # ||replay in the NPU's dtypes - golden|| / ||golden||
+    rounding: float           # the output dtype's rounding
+    bias: float               # scale part of the local error beyond the replay's
+    bias_spread: float        # standard error of that scale under rounding noise
+    output: int               # which output (or input gradient for a backward entry)
+
+    @property
+    def allowed(self) -> float:
+        """Local error a correct kernel of this dtype may add."""
+        return LOCAL_FACTOR * max(self.reference, self.rounding)
+
+    @property
+    def ratio(self) -> float:
+        return self.local / max(self.reference, self.rounding)
+
+    @property
+    def biased(self) -> bool:
+        return abs(self.bias) > max(BIAS_Z * self.bias_spread, self.rounding)
+
+    @property
+    def introduces(self) -> bool:
+        return self.local > self.allowed or self.biased
+
+    def reason(self) -> str:
+        """One sentence: why the call is or is not the one that made the error."""
+        if self.biased and self.local <= self.allowed:
+            return (f"re-run on its own inputs, its output is scaled by {1 + self.bias:.4g} "
+                    f"({self.bias / max(self.bias_spread, 1e-300):.3g} standard errors of rounding)")
+        if self.introduces:
+            return (f"re-run on its own inputs, its output is off by {self.local:.3g} where a "
+                    f"correct kernel of its dtype is off by {max(self.reference, self.rounding):.3g}")
+        return (f"re-run on its own inputs, its output is off by {self.local:.3g}, within what a "
+                f"correct kernel of its dtype gives ({max(self.reference, self.rounding):.3g}): "
+                f"the difference comes from its inputs")
+
+
+def _measure(npu, golden, replay):
+    """(local, reference, bias, bias spread) of one output; None where nothing to measure."""
+    import torch
+    if not (isinstance(npu, torch.Tensor) and isinstance(golden, torch.Tensor)):
+        return None
+    if not npu.dtype.is_floating_point or npu.shape != golden.shape or npu.numel() == 0:
+        return None
+    a, g = npu.double().reshape(-1), golden.double().reshape(-1)
+    r = replay.double().reshape(-1) if isinstance(replay, torch.Tensor) and replay.shape == golden.shape \
+        else None
+    finite = torch.isfinite(a) & torch.isfinite(g)
+    if not bool(finite.all()):
+        if not bool((torch.isfinite(a) == torch.isfinite(g)).all()):
+            return math.inf, 0.0, 0.0, 0.0          # NaN/Inf where the golden has none
+        a, g = a[finite], g[finite]
+        r = r[finite] if r is not None else None
+    gg = float(g @ g)
+    if gg == 0.0:
+        return None
+    norm = math.sqrt(gg)
+    d = a - g
+    local = float(d.norm()) / norm
+    bias = float(d @ g) / gg
+    reference, ref_bias = 0.0, 0.0
+    if r is not None and bool(torch.isfinite(r).all()):
+        dr = r - g
+        reference, ref_bias = float(dr.norm()) / norm, float(dr @ g) / gg
+    n = max(int(g.numel()), 1)
+    spread = max(reference, local - abs(bias)) / math.sqrt(n)
+    return local, reference, bias - ref_bias, spread
+
+
+class Replays:
+    """Local errors of calls of one NPU dump (a tensor dump: the files hold the inputs)."""
+
+    def __init__(self, npu_json: str):
+        from probe.precheck.inputs import Loader
+        from probe.precheck.replay import Replayer
+        from .reader import DumpMeta, read_dump
+        self.entries = dict(read_dump(npu_json, DumpMeta(npu_json)))
+        data_dir = os.path.join(os.path.dirname(os.path.abspath(npu_json)), "dump_tensor_data")
+        self.loader = Loader(data_dir, "cpu")
+        self.replayer = Replayer("cpu")
+
+    def local_error(self, entry: str) -> LocalError | None:
+        """The call's local error, or None when it cannot be replayed from the dump."""
+        try:
+            return self._local_error(entry)
+        except Exception as exc:        # noqa: BLE001 - a replay that fails only loses a hint
+            logger.debug("replay of %s failed: %s", entry, exc)
+            return None
+
+    def _local_error(self, entry: str) -> LocalError | None:
+        from probe.precheck.entries import parse_name, resolve_api
+        from probe.precheck.inputs import Unrebuildable, flat_outputs, flat_tensors, is_tensor_desc
+        api = parse_name(entry)
+        if api is None or api.random:
+            return None
+        fwd = self.entries.get(f"{api.base}.forward")
+        if not isinstance(fwd, dict) or "input_args" not in fwd:
+            return None
+        try:
+            func = resolve_api(api)
+            self.loader.synthetic = False
+            args = self.loader.build(fwd.get("input_args", []), api.base + ".forward")
+            kwargs = self.loader.build(fwd.get("input_kwargs", {}), api.base + ".forward")
+            out_descs = flat_outputs(fwd.get("output") or [])
+            out_dtypes = [_dtype(d) if is_tensor_desc(d) else None for d in out_descs]
+            if api.phase == "forward":
+                dumped = [self._file(d) for d in out_descs]
+            else:
+                bwd = self.entries.get(entry)
+                if not isinstance(bwd, dict) or "input" not in bwd or "output" not in bwd:
+                    return None
+                out_grads = [self.loader.tensor(d) if is_tensor_desc(d) else None for d in bwd["input"]]
+                grads = list(bwd["output"])
+                slots = flat_tensors(args, kwargs)
+                if len(grads) != len(slots):        # msprobe's autograd-edge order: no slots
+                    return None
+                dumped = [self._file(d) for d in grads]
+        except (Unrebuildable, LookupError, TypeError, ValueError):
+            return None
+        if self.loader.synthetic or not isinstance(kwargs, dict):
+            return None                     # inputs without files: nothing exact to replay
+        if api.phase == "forward":
+            replay, gold = self.replayer.forward(func, args, kwargs, out_dtypes, api, golden=True)
+        else:
+            wants = [d is not None for d in dumped]
+            replay, gold = self.replayer.backward(func, args, kwargs, wants, out_grads, out_dtypes,
+                                                  api, golden=True)
+        if gold is None or gold.error or not gold.outputs:
+            return None
+        replayed = replay.outputs if replay is not None and not replay.error else None
+        worst = None
+        for k, (npu, golden) in enumerate(zip(dumped, gold.outputs)):
+            rep = replayed[k] if replayed and k < len(replayed) else None
+            m = _measure(npu, golden, rep)
+            if m is None:
+                continue
+            rounding = ROUNDING.get(str(npu.dtype), ROUNDING["torch.float32"])
+            le = LocalError(m[0], m[1], rounding, m[2], m[3], k)
+            if worst is None or (le.ratio, abs(le.bias)) > (worst.ratio, abs(worst.bias)):
+                worst = le
+        return worst
+
+    def _file(self, d):
+        """A dumped tensor from its file; None for non-tensors and tensors without a file."""
+        from probe.precheck.inputs import is_tensor_desc
+        if not is_tensor_desc(d) or not d.get("data_name"):
+            return None
+        saved = self.loader.synthetic
+        t = self.loader.tensor(d)
+        if self.loader.synthetic and not saved:
+            self.loader.synthetic = False
+            return None
+        return t
+
+
+def _dtype(d):
+    from probe.precheck.inputs import torch_dtype
+    return torch_dtype(d["dtype"])
