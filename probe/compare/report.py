@@ -116,14 +116,13 @@ def diagnosis_sheet(diag) -> Sheet:
 
 def _describe(label, rec) -> list:
     if rec is None:
-        return [[label, "none: no call's output error exceeds its tolerance and its input error"]]
-    what = ("introduces error" if rec["kind"] == "introduced" else
-            "its inputs already differ, though no compared call before it introduced error"
-            " (look at the unmatched calls before it, the model's weights or its input data)")
+        return [[label, "none: no call adds error beyond what its dtype explains"]]
     name = rec["npu_name"] or rec["bench_name"]
     if rec["bench_name"] and rec["bench_name"] != rec["npu_name"]:
         name += f"  (bench: {rec['bench_name']})"
-    lines = [[label, f"{name}: {what}"],
+    what = "introduces error" if rec["kind"] == "introduced" else (
+        "the first call whose inputs differ; no compared call before it introduced error")
+    lines = [[label, f"{name}: {what}" + (f": {rec['reason']}" if rec.get("reason") else "")],
              [f"{label}: error in / out", f"input {_fmt(rec['input_error'])}, output "
                                           f"{_fmt(rec['output_error'])} (threshold {_fmt(rec['threshold'])})"]]
     w = rec.get("worst_output")
@@ -131,7 +130,7 @@ def _describe(label, rec) -> list:
         lines.append([f"{label}: worst output", f"{w['npu_row']}: {w['result']}; " + ", ".join(
             f"{k} {_fmt(v)}" for k, v in w["metrics"].items() if v is not None)])
     if rec.get("unmatched_before"):
-        lines.append([f"{label}: unmatched calls before it", ", ".join(rec["unmatched_before"][:20])])
+        lines.append([f"{label}: one-sided calls just before it", ", ".join(rec["unmatched_before"][:20])])
     if rec.get("module"):
         lines.append([f"{label}: module", rec["module"]])
     lines.append([f"{label}: stack", rec.get("stack") or "(no stack.json)"])
@@ -147,15 +146,31 @@ def _fmt(x) -> str:
 def diagnosis_lines(summary: dict) -> list:
     """Summary-sheet lines (also printed) naming where the error starts."""
     fd = summary["first_divergence"]
-    lines = [["matching", summary["matching"]], ["error measure", summary["error_measure"]],
+    lines = [["verdict", summary.get("verdict", "")],
+             ["matching", summary["matching"]], ["error measure", summary["error_measure"]],
              ["calls: clean / introduce / inherit / unmatched",
               " / ".join(str(summary["calls"][k]) for k in ("clean", "introduces", "inherits", "unmatched"))]]
+    if summary.get("replayed_calls"):
+        lines.append(["calls re-run on the NPU's own inputs", summary["replayed_calls"]])
+    state = summary.get("state")
+    if state:
+        lines.append(["weights and state", state["text"]])
+    drift = summary.get("drift")
+    if drift:
+        grow = drift.get("grows_fastest")
+        lines.append(["drift", f"last forward output {_fmt(drift['forward'])}, last backward output "
+                               f"{_fmt(drift['backward'])}" + (
+                                   f"; grows fastest at {grow['name']} (x{_fmt(grow['growth'])})"
+                                   if grow else "")])
     lines += _describe("first divergence (forward)", fd["forward"])
     lines += _describe("first divergence (backward)", fd["backward"])
+    if fd["forward"] is None and fd["backward"] is None and summary.get("inputs_differ"):
+        lines += _describe("inputs differ first at", summary["inputs_differ"])
     for s in summary["suspects"]:
         lines.append([f"suspect {s['rank']}", f"{s['npu_name'] or s['bench_name']} ({s['direction']}): "
                       f"output error {_fmt(s['output_error'])} vs input {_fmt(s['input_error'])}"
-                      + (f", module {s['module']}" if s.get("module") else "")])
+                      + (f", module {s['module']}" if s.get("module") else "")
+                      + (f"; {s['reason']}" if s.get("reason") else "")])
     return lines
 
 
