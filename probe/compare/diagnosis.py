@@ -171,11 +171,13 @@ def _f(x):
     return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-def _stat_error(a, b) -> float | None:
+def _stat_error(a, b, floor: float) -> float | None:
     """Worst statistic's difference relative to the tensor's own magnitude: Max, Min and
-    Mean against max(|Max|, |Min|, RMS), Norm against the Norm. Scale-free, so a call that
-    only scales its input (a division by a constant, an optimizer's bias correction) does
-    not look as if it made error where tensors are small."""
+    Mean against max(|Max|, |Min|, RMS, floor), Norm against max(Norm, floor). Relative,
+    so a call that only scales its input (a division by a constant, an optimizer's bias
+    correction) does not look as if it made error; the dtype's floor keeps a tensor that
+    is zero but for cancellation (a bias gradient before a BatchNorm) from counting its
+    rounding noise as a relative error of 100%."""
     (nx, nn, nm, nl), (bx, bn, bm, bl) = a.stats, b.stats
     vals = (nx, nn, nm, nl, bx, bn, bm, bl)
     if any(v is None or math.isnan(v) for v in vals):
@@ -183,11 +185,11 @@ def _stat_error(a, b) -> float | None:
     if not all(math.isfinite(v) for v in vals):
         return 0.0 if (nx, nn, nm, nl) == (bx, bn, bm, bl) else math.inf
     numel = b.numel or 1
-    scale = max(abs(bx), abs(bn), abs(bl) / math.sqrt(numel))
+    scale = max(abs(bx), abs(bn), abs(bl) / math.sqrt(numel), floor)
     if scale == 0.0:
         return 0.0 if (nx, nn, nm, nl) == (bx, bn, bm, bl) else math.inf
     worst = max(abs(nx - bx), abs(nn - bn), abs(nm - bm)) / scale
-    return max(worst, abs(nl - bl) / bl if bl else 0.0)
+    return max(worst, abs(nl - bl) / max(abs(bl), floor))
 
 
 def row_errors(result) -> list:
@@ -212,13 +214,42 @@ def row_errors(result) -> list:
             if mode == "md5" and cols["NPU MD5"][i] is not None and cols["NPU MD5"][i] == cols["BENCH MD5"][i]:
                 out[i] = 0.0
                 continue
-            e = _stat_error(a, b) if a.shape == b.shape else None
+            tol = vd.TOLERANCES.get(tol_dtype[i]) or vd.TOLERANCES["float32"]
+            e = _stat_error(a, b, tol.floor) if a.shape == b.shape else None
             if e is not None:
                 out[i] = e
                 continue
         if verdicts[i] == "error":          # shape / dtype / NaN placement: nothing to measure
             out[i] = math.inf
     return out
+
+
+def _cancellation_floors(result, calls, errors):
+    """Statistics mode: an output row's error against at least what its inputs could sum to.
+
+    A reduction's output that cancels to near zero (a bias gradient before a BatchNorm)
+    differs between bf16 and fp32 by the rounding of its terms, ~u x sqrt(N) x RMS(term),
+    which relative to its own tiny magnitude looks like a 100% error. Judged against the
+    magnitude the sum would have without cancellation, sqrt(N) x RMS of the largest input
+    (N = its elements per output element), that noise is the dtype's rounding again."""
+    pairs, tol_dtype = result.pairs, result.columns["Tolerance Dtype"]
+    for u in calls:
+        ins = [pairs[i].bench for i in u.rows if pairs[i].bench is not None and pairs[i].npu is not None
+               and pairs[i].bench.io in ("input", "parameters") and pairs[i].bench.kind == "tensor"]
+        big = max(ins, key=lambda r: r.stats[3] if math.isfinite(r.stats[3]) else -1.0, default=None)
+        if big is None or not big.numel or not math.isfinite(big.stats[3]):
+            continue
+        rms = big.stats[3] / math.sqrt(big.numel)
+        for i in u.rows:
+            a, b = pairs[i].npu, pairs[i].bench
+            if a is None or b is None or a.io != "output" or errors[i] is None or b.kind != "tensor" \
+                    or a.shape != b.shape or not b.numel:
+                continue
+            tol = vd.TOLERANCES.get(tol_dtype[i]) or vd.TOLERANCES["float32"]
+            floor = max(tol.floor, rms * math.sqrt(max(big.numel / b.numel, 1.0)))
+            e = _stat_error(a, b, floor)
+            if e is not None:
+                errors[i] = min(errors[i], e)
 
 
 def _units(result, errors):
@@ -247,6 +278,8 @@ def _units(result, errors):
             u.bench_entry = b.entry
         u.rows.append(i)
     calls = list(units.values())
+    if result.mode != "tensor":
+        _cancellation_floors(result, calls, errors)
     pairs, tol_dtype = result.pairs, cols["Tolerance Dtype"]
     max_rel_col = cols.get("MaxRelativeErr")              # md5 mode has none
     cos_col = cols["Cosine"] if result.mode == "tensor" else None
@@ -283,7 +316,21 @@ def _units(result, errors):
             rel = [m for m in (_f(max_rel_col[i]) for _, i in outs) if m is not None and math.isfinite(m)]
         u.one_minus_cos = max(cos) if cos else None
         u.max_rel = max(rel) if rel else None
+    _saved_inputs(calls)
     return calls
+
+
+def _saved_inputs(calls):
+    """A backward call computes from what its forward call saved (inputs, weights,
+    outputs) as well as from the gradients it receives: their error is its input too."""
+    forward = {u.npu_entry: u for u in calls if u.direction == "forward" and u.npu_entry}
+    for u in calls:
+        if u.direction != "backward" or not u.npu_entry or u.input_error is None:
+            continue
+        f = forward.get(u.npu_entry[: -len("backward")] + "forward")
+        if f is not None:
+            u.input_error = max([u.input_error] + [e for e in (f.input_error, f.output_error)
+                                                   if e is not None])
 
 
 def _mark(calls):

@@ -164,6 +164,8 @@ class Replays:
             return None
         if self.loader.synthetic or not isinstance(kwargs, dict):
             return None                     # inputs without files: nothing exact to replay
+        if api.inplace:
+            func = _returning_self(func)
         if api.phase == "forward":
             replay, gold = self.replayer.forward(func, args, kwargs, out_dtypes, api, golden=True)
         else:
@@ -196,6 +198,15 @@ class Replays:
             self.loader.synthetic = False
             return None
         return t
+
+
+def _returning_self(func):
+    """An in-place API whose result is its first argument (``torch._foreach_add_`` returns
+    None): the dump records the updated tensors as its output, so the replay returns them."""
+    def call(*args, **kwargs):
+        out = func(*args, **kwargs)
+        return args[0] if out is None and args else out
+    return call
 
 
 def _dtype(d):
