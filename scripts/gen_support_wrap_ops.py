@@ -115,12 +115,14 @@ TORCH_FACTORIES = [
     "hamming_window", "hann_window", "kaiser_window", "vander",
 ]
 # Private torch ops that training code calls directly (fused optimizers,
-# clip_grad_norm_, activation fusions); dumped despite the single-underscore rule.
+# clip_grad_norm_, activation fusions); dumped despite the single-underscore rule. The
+# ``_foreach_*`` ops are what torch.optim's foreach implementations call (the default on
+# CUDA): without them a foreach optimizer step is invisible at L1.
 TORCH_PRIVATE_COMPUTE = [
     "_adaptive_avg_pool2d", "_add_relu", "_add_relu_", "_aminmax", "_batch_norm_impl_index",
     "_convolution", "_foreach_norm", "_fused_adam_", "_fused_adamw_", "_fused_sgd_",
     "_softmax_backward_data",
-]
+] + sorted(n for n in dir(torch) if n.startswith("_foreach_"))
 # Sub-namespaces of torch listed under ``torch`` as dotted names (``linalg.norm``).
 TORCH_SUBMODULES = ("linalg", "fft", "special")
 # Tensor-creating methods that torch.overrides classes as "ignored"; new_empty* stays out
