@@ -449,12 +449,18 @@ def _replay(result, calls, progress: bool) -> int:
             and u.output_error and not u.name.startswith("Module.")]
     if not todo:
         return 0
+    import torch
     from tqdm import tqdm
     replays = Replays(result.npu.json_path)
     done = 0
-    for u in tqdm(todo, desc="replay calls", unit="call", delay=2.0, disable=not progress):
-        u.local = replays.local_error(u.npu_entry)
-        done += u.local is not None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # small calls one at a time: waking a pool costs more than it saves
+    try:
+        for u in tqdm(todo, desc="replay calls", unit="call", delay=2.0, disable=not progress):
+            u.local = replays.local_error(u.npu_entry)
+            done += u.local is not None
+    finally:
+        torch.set_num_threads(threads)
     return done
 
 
