@@ -397,12 +397,35 @@ def _first(calls, direction):
     return None, differ
 
 
+def _round_bf16(x: float) -> float:
+    """x rounded to bfloat16 (nearest even), as a cast would."""
+    import struct
+    if not math.isfinite(x):
+        return x
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def _round_fp16(x: float) -> float:
+    import struct
+    try:
+        return struct.unpack("<e", struct.pack("<e", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+_CASTS = {"torch.bfloat16": _round_bf16, "torch.float16": _round_fp16}
+
+
 def _state(result, calls, errors) -> State:
     """Inputs of forward calls that no earlier call of the step produced, and that differ.
 
     A tensor's identity is not in the dump; its (dtype, shape, statistics) are, and an
-    output and the later input it feeds carry the same ones exactly."""
-    produced, differing, compared = set(), [], 0
+    output and the later input it feeds carry the same ones exactly, or, through a cast
+    that is not dumped (HF's softmax output ``.to(bf16)``), the same shape and the
+    extremes rounded to the new dtype."""
+    produced, cast, differing, compared = set(), set(), [], 0
     pairs = result.pairs
     for u in calls:
         if u.direction != "forward" or u.phase == "optimizer":
@@ -411,15 +434,19 @@ def _state(result, calls, errors) -> State:
             a = pairs[i].npu
             if a is None or a.kind != "tensor":
                 continue
-            key = (a.dtype, a.shape, a.stats)
             if a.io in ("input", "parameters"):
-                if key in produced or pairs[i].bench is None or errors[i] is None:
+                if (a.dtype, a.shape, a.stats) in produced or pairs[i].bench is None or errors[i] is None:
+                    continue
+                if a.dtype in _CASTS and (a.dtype, a.shape, a.stats[0], a.stats[1]) in cast:
                     continue
                 compared += 1
                 if errors[i] > 0:
                     differing.append(OutsideInput(a.name, a.shape, errors[i], u.module))
             elif a.io == "output":
-                produced.add(key)
+                produced.add((a.dtype, a.shape, a.stats))
+                for dtype, rnd in _CASTS.items():
+                    if dtype != a.dtype:
+                        cast.add((dtype, a.shape, rnd(a.stats[0]), rnd(a.stats[1])))
     differing.sort(key=lambda o: -o.error)
     return State(differing, compared)
 
