@@ -116,9 +116,6 @@ class PrecisionDebugger:
         if self._writer is not None and self._dir_step == self.current_step:
             self._write_meta(only_if_grown=True)   # backward entries that arrived after stop() add to construct.json
             self._writer.sync()
-            if self.config.wants_step(self.current_step + 1):
-                # made while the loop runs between steps, not on the next step's path
-                self._writer.prepare_dir(self._step_dir(self.current_step + 1, _current_rank()), self._with_tensors)
         for part in (self._collector, self._modules, self._kernels, self._tracker):
             if part is not None:
                 part.reset_step()

@@ -100,7 +100,7 @@ class StackTable:
 
     def parts(self):
         """This step's stacks as (entry names, frames encoded as JSON when the stack was
-        first seen): what ``entry_process.stack_text`` turns into stack.json's text."""
+        first seen): what ``encode.stack_text`` turns into stack.json's text."""
         return [(tuple(names), self._frames_text[sid]) for sid, names in self._used.items()]
 
     def to_json(self):
