@@ -16,6 +16,8 @@ import atexit
 import logging
 import os
 import weakref
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from probe.config import load_config
 from probe.dump.collector import ApiCollector
@@ -26,7 +28,15 @@ from probe.hook_module.interceptor import Interceptor
 from probe.hook_module.registry import load_registry, resolve
 from probe.seed import seed_all
 
-log = logging.getLogger("probe")
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _WholeModule:
+    """A ``module_dump`` request: the module is dumped as one entry while hooked."""
+    module: Any
+    name: str
+    handles: Optional[list] = None   # its hooks while dumping is on
 
 
 def _current_rank():
@@ -67,7 +77,7 @@ class PrecisionDebugger:
         self._tracker = None
         self._construct = None
         self._active = False
-        self._whole = []          # module_dump requests: (module, name, handles or None)
+        self._whole = []          # module_dump requests (_WholeModule)
         self._meta_mark = None
         self._dir_step = None
         previous = PrecisionDebugger._current and PrecisionDebugger._current()
@@ -130,15 +140,15 @@ class PrecisionDebugger:
             raise TypeError(f"module_dump: module must be a torch.nn.Module, got {type(module).__name__}")
         if not isinstance(name, str) or not name:
             raise TypeError(f"module_dump: name must be a non-empty str, got {name!r}")
-        request = [module, name, None]
+        request = _WholeModule(module, name)
         self._whole.append(request)
         if self._active:
-            request[2] = self._modules.attach_whole(module, name)
+            request.handles = self._modules.attach_whole(module, name)
 
     def module_dump_end(self):
         """Stop the ``module_dump`` requests made so far."""
-        for _, _, handles in self._whole:
-            for h in handles or ():
+        for request in self._whole:
+            for h in request.handles or ():
                 h.remove()
         self._whole = []
 
@@ -148,7 +158,7 @@ class PrecisionDebugger:
         level = self.config.level
         self._writer = DumpWriter(self.config.task, level)
         if self.config.task == "overflow_check":
-            from probe.precheck.overflow_dump import OverflowCollector
+            from probe.dump.overflow import OverflowCollector
             self._collector = OverflowCollector(self.config, self._writer)
         else:
             self._collector = ApiCollector(self.config, self._writer)
@@ -177,7 +187,7 @@ class PrecisionDebugger:
             if level == "mix":
                 self._modules.attach_optimizer()
         for request in self._whole:
-            request[2] = self._modules.attach_whole(request[0], request[1])
+            request.handles = self._modules.attach_whole(request.module, request.name)
         if self._interceptor is not None:
             self._interceptor.start()
         if self._kernels is not None:
@@ -190,9 +200,9 @@ class PrecisionDebugger:
             self._interceptor.stop(keep_patches=True)   # close() removes them
         self._modules.detach()
         for request in self._whole:
-            for h in request[2] or ():
+            for h in request.handles or ():
                 h.remove()
-            request[2] = None
+            request.handles = None
 
     @property
     def _with_tensors(self):

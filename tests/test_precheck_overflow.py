@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from probe import PrecisionDebugger  # noqa: E402
 from probe.precheck import find_overflow  # noqa: E402
-from probe.precheck.overflow_dump import OverflowCheck  # noqa: E402
+from probe.dump.overflow import OverflowCheck  # noqa: E402
 
 FIXTURES = "/work/shared/fixtures/msprobe"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,15 +15,34 @@ import orjson
 
 FOOTER = b"\n }\n}\n"
 
-_dumps = orjson.dumps
+
+
+def _default(obj):
+    """Records (``records.py``) as their dict; anything else unknown as its repr."""
+    to_json = getattr(obj, "to_json", None)
+    return to_json() if to_json is not None else repr(obj)
+
+
+def _record_only(obj):
+    return obj.to_json()   # AttributeError for other objects: orjson raises, json takes over
+
+
+_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS
+_orjson_dumps = orjson.dumps
+
+
+def _dumps(value):
+    return _orjson_dumps(value, _record_only, _OPTIONS)
+
+
 # the slow path's text has orjson's separators, so a file reads alike whichever path wrote a line
-_json_encode = json.JSONEncoder(check_circular=False, separators=(",", ":"), default=repr).encode
+_json_encode = json.JSONEncoder(check_circular=False, separators=(",", ":"), default=_default).encode
 
 
 def encode_value(value):
     """One JSON value as bytes, non-finite floats as ``NaN``/``Infinity``."""
     try:
-        data = _dumps(value)
+        data = _orjson_dumps(value, _record_only, _OPTIONS)
     except TypeError:   # orjson.JSONEncodeError is a TypeError
         return _json_encode(value).encode()
     if b"null" in data:

@@ -19,8 +19,8 @@ import torch
 
 from probe.forensics._common import capture, log_once
 from probe.hook_module.registry import FuncNames
+from probe.hook_module.own_work import no_function_mode
 
-_no_function_mode = torch._C.DisableTorchFunction
 
 CUSTOM_PREFIX = "Custom."
 # Namespaces of ops that ship with torch: the registry covers them where it wants them.
@@ -161,7 +161,7 @@ class ForensicsHandler:
             # feature loop unless the API raises.
             feature = features[0]
             try:
-                with _no_function_mode():     # unseen by the user's own modes
+                with no_function_mode():     # unseen by the user's own modes
                     state = feature.before_fast(args)
             except Exception:
                 state = None

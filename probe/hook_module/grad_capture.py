@@ -23,11 +23,11 @@ import threading
 import torch
 
 from probe.hook_module.interceptor import state as _state
+from probe.hook_module.own_work import no_function_mode
 
 log = logging.getLogger("probe")
 _MAX_NODES = 256          # a walk that goes further has left the call's own subgraph
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
-_no_function_mode = torch._C.DisableTorchFunction
 _reported = set()
 
 
@@ -38,7 +38,7 @@ class _quiet:
     __slots__ = ("_mode",)
 
     def __enter__(self):
-        self._mode = _no_function_mode()
+        self._mode = no_function_mode()
         self._mode.__enter__()
         _state.depth += 1
 
