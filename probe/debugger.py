@@ -76,6 +76,7 @@ class PrecisionDebugger:
         self._kernels = None
         self._tracker = None
         self._construct = None
+        self.forensics = None
         self._active = False
         self._whole = []          # module_dump requests (_WholeModule)
         self._meta_mark = None
@@ -85,6 +86,7 @@ class PrecisionDebugger:
             previous.close()
         PrecisionDebugger._current = weakref.ref(self)
         atexit.register(_close_at_exit, weakref.ref(self))
+        self._make_dumpers()
 
     # ---- msprobe's interface -------------------------------------------------
     def start(self, model=None):
@@ -100,7 +102,7 @@ class PrecisionDebugger:
         rank = _current_rank()
         if not self.config.wants_step(self.current_step) or (rank is not None and not self.config.wants_rank(rank)):
             return
-        if self._writer is None:
+        if self._writer is None:   # started again after close(): a fresh chain, the same features
             self._make_dumpers()
         if self._dir_step != self.current_step:
             self._dir_step = self.current_step
@@ -154,7 +156,18 @@ class PrecisionDebugger:
 
     # ---- internals -----------------------------------------------------------
     def _make_dumpers(self):
+        """The handler chain, built once from the config:
+
+        interceptor (registered APIs and custom ops) -> ``self.forensics`` (crash dumps,
+        backward origin, meta check: ``probe.forensics``) -> the level's handler: the
+        collector (L1/mix: its ``CallFilter`` decides, its ``EntryBuilder`` records), the
+        API tracker (L2, where kernels are recorded by a dispatch mode) or a pass-through
+        (L0, where module hooks record). Module and kernel dumpers share the collector's
+        filter and entry builder. Nothing here is replaced later.
+        """
+        from probe import forensics
         from probe.dump.modules import ModuleDumper
+        from probe.forensics.hub import ForensicsHandler, Namer, with_custom_ops
         level = self.config.level
         self._writer = DumpWriter(self.config.task, level)
         if self.config.task == "overflow_check":
@@ -170,13 +183,15 @@ class PrecisionDebugger:
             from probe.dump.kernels import ApiTracker, KernelDumper
             self._tracker = ApiTracker()
             self._kernels = KernelDumper(self._collector, self.registry.aten, self._tracker)
-            self._interceptor = Interceptor(self.registry, self._tracker)
+            inner = self._tracker
         elif level in ("L1", "mix"):
-            self._interceptor = Interceptor(self.registry, self._collector)
+            inner = self._collector
         else:  # L0 records modules only; APIs are still watched, for crash dumps
-            self._interceptor = Interceptor(self.registry, _call_through)
-        from probe import forensics   # crash dumps; backward origin and meta check when configured
-        forensics.attach(self)
+            inner = _call_through
+        features = self.forensics.features if self.forensics is not None else ()
+        self.forensics = ForensicsHandler(inner, Namer(self), features)
+        self._interceptor = Interceptor(with_custom_ops(self.registry), self.forensics)
+        forensics.configure(self)
 
     def _attach(self):
         self._active = True
