@@ -26,6 +26,7 @@ from probe.dump.writer import DumpWriter
 from probe.errors import ConfigError
 from probe.hook_module.interceptor import Interceptor
 from probe.hook_module.registry import load_registry, resolve
+from probe.rank import current_rank
 from probe.seed import seed_all
 
 log = logging.getLogger(__name__)
@@ -37,13 +38,6 @@ class _WholeModule:
     module: Any
     name: str
     handles: Optional[list] = None   # its hooks while dumping is on
-
-
-def _current_rank():
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return None
 
 
 class PrecisionDebugger:
@@ -99,7 +93,7 @@ class PrecisionDebugger:
                               f"start(model) or PrecisionDebugger(..., model=model)")
         if self._active:
             return
-        rank = _current_rank()
+        rank = current_rank()
         if not self.config.wants_step(self.current_step) or (rank is not None and not self.config.wants_rank(rank)):
             return
         if self._writer is None:   # started again after close(): a fresh chain, the same features

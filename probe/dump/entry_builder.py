@@ -15,6 +15,7 @@ from probe.dump.records import BackwardEntry, ForwardEntry, describe_value
 from probe.dump.stack import StackTable
 from probe.hook_module.interceptor import guard
 from probe.hook_module.own_work import no_function_mode
+from probe.log_once import LogOnce
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class EntryBuilder:
         if config.async_dump:
             self.cache.deferred = []
             writer.before_flush = self.fetch_deferred
-        self._failed = set()
+        self._said = LogOnce(log)
 
     def reset_step(self):
         self.stacks.clear()
@@ -99,9 +100,7 @@ class EntryBuilder:
 
     def fail(self, name, exc):
         """A dumper's failure on ``name``: said once per API, the call unaffected."""
-        if name not in self._failed:
-            self._failed.add(name)
-            log.warning("probe: dumping %s failed (%s: %s); the API's result is unaffected",
+        self._said.warning(name, "probe: dumping %s failed (%s: %s); the API's result is unaffected",
                         name, type(exc).__name__, exc)
 
     # ---- forward ------------------------------------------------------------

@@ -31,6 +31,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from probe.log_once import LogOnce
 from probe.dump.encode import FOOTER, encode_entries, header_text, one_key_per_line, stack_text
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ class DumpWriter:
         self._last_flush = time.monotonic()
         self._bytes = 0
         self._bytes_cv = threading.Condition()
-        self._error: Optional[BaseException] = None
+        self._said = LogOnce(log)
         self._thread = threading.Thread(target=self._run, name="probe-writer", daemon=True)
         self._thread.start()
 
@@ -302,10 +303,8 @@ class DumpWriter:
         self._queue.put(_Entries(data, len(entries)))
 
     def _report(self, exc):
-        if self._error is None:
-            self._error = exc
-            log.error("probe: writing dump files failed (%s: %s); training goes on, each dump.json "
-                      "keeps its last complete flush", type(exc).__name__, exc)
+        self._said.error("write", "probe: writing dump files failed (%s: %s); training goes on, each dump.json "
+                        "keeps its last complete flush", type(exc).__name__, exc)
 
     # ---- writer thread ---------------------------------------------------
     def _run(self):

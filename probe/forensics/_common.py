@@ -13,7 +13,10 @@ import threading
 
 import torch
 
-log = logging.getLogger("probe")
+from probe import rank
+from probe.log_once import LogOnce
+
+log = logging.getLogger(__name__)
 
 _PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -24,17 +27,8 @@ _PLUMBING = tuple(_TORCH_DIR + p for p in (
     os.path.join("autograd", "graph.py")))
 _CALL_IMPL = torch.nn.Module._call_impl.__code__
 
-_failed = set()
-_failed_lock = threading.Lock()
-
-
-def log_once(key, msg, *args):
-    """Warn once per ``key``: a broken feature must not flood a training log."""
-    with _failed_lock:
-        if key in _failed:
-            return
-        _failed.add(key)
-    log.warning(msg, *args)
+# Warn once per key, for the whole process: a broken feature must not flood a training log.
+log_once = LogOnce(log).warning
 
 
 def _is_plumbing(filename):
@@ -160,8 +154,4 @@ def summary(t):
     return {"Max": mx, "Min": mn, "Mean": float(w.mean()), "Norm": float(torch.linalg.vector_norm(w))}
 
 
-def current_rank():
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return None
+current_rank = rank.current_rank   # the features' name for it
