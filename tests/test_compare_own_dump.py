@@ -2,11 +2,10 @@
 import glob
 import os
 
-import pytest
 import torch
 
 from probe.compare import compare
-from probe.debugger import PrecisionDebugger   # an ImportError here fails the run, loudly
+from probe.debugger import PrecisionDebugger  # an ImportError here fails the run, loudly
 
 
 class Block(torch.nn.Module):

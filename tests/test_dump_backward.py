@@ -6,7 +6,6 @@ grads w.r.t. its inputs in argument order (None where no gradient flows).
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import assert_summary, load_dump
 from models import MAKERS, train_step
 

@@ -4,8 +4,8 @@ Statistics are checked against torch's own float64 reductions, and the tiny-mode
 against msprobe 8.3.3's dump of the same run (values and schema).
 """
 import json
-import re
 import os
+import re
 import warnings
 import zlib
 
@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import FIXTURES, assert_summary, load_dump
 from test_dump_names import MSPROBE_833, _tiny_model
 

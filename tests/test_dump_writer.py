@@ -10,8 +10,8 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-
 from conftest import load_dump
+
 from probe.dump.encode import encode_entries, encode_value
 
 

@@ -3,8 +3,6 @@ filtered-out call costs (no statistics, no stack capture)."""
 import json
 
 import pytest
-import torch
-
 from conftest import load_dump
 from test_levels_modules import run_tiny
 

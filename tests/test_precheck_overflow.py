@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from probe import PrecisionDebugger  # noqa: E402
-from probe.precheck import find_overflow  # noqa: E402
 from probe.dump.overflow import OverflowCheck  # noqa: E402
+from probe.precheck import find_overflow  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "msprobe")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -153,8 +153,7 @@ class ModuleDumper:
 
     def attach_optimizer(self):
         """mix: APIs run by ``optimizer.step()`` map to "optimizer" in construct.json."""
-        from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                           register_optimizer_step_pre_hook)
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
         construct = self.construct
 
         def pre(optimizer, args, kwargs):

@@ -27,12 +27,12 @@ import queue
 import shutil
 import threading
 import time
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from probe.log_once import LogOnce
 from probe.dump.encode import FOOTER, encode_entries, header_text, one_key_per_line, stack_text
+from probe.log_once import LogOnce
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class _Open(NamedTuple):
 
 class _Entries(NamedTuple):
     data: bytes     # encode_entries' text
-    count: int      # entries in it
+    n: int          # entries in it
 
 
 class _Tensor(NamedTuple):
@@ -71,7 +71,7 @@ class _Stop(NamedTuple):
     pass
 
 
-_npy_headers = {}  # (dtype, shape) -> .npy header bytes
+_npy_headers: Dict[Tuple[str, tuple], bytes] = {}  # (dtype, shape) -> .npy header bytes
 
 
 class _Process:
@@ -318,7 +318,7 @@ class DumpWriter:
                     if current is not None:
                         # encoded as if entries came before; the step's first line has no comma
                         data = item.data if current.count else item.data[1:]
-                        current.append(data, item.count)
+                        current.append(data, item.n)
                 elif kind is _Tensor:
                     try:
                         if current is not None:

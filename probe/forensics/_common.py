@@ -5,8 +5,8 @@ path that runs per call (frame walks keep code objects, formatting waits for a r
 and nothing here may raise into the user's code: callers wrap it and log once.
 """
 import json
-import logging
 import linecache
+import logging
 import os
 import sys
 import threading

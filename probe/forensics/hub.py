@@ -22,9 +22,8 @@ import threading
 import torch
 
 from probe.forensics._common import capture, log_once
-from probe.hook_module.registry import FuncNames
 from probe.hook_module.own_work import no_function_mode
-
+from probe.hook_module.registry import FuncNames
 
 CUSTOM_PREFIX = "Custom."
 # Namespaces of ops that ship with torch: the registry covers them where it wants them.

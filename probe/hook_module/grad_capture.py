@@ -314,8 +314,8 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
         fn.register_prehook(pre_hook)
 
     for node, links in boundary.items():
-        def post_hook(grad_inputs, grad_outputs, links=links, outs=out_nodes.get(node),
-                      cuts=view_cuts.get(node, ())):
+        def post_hook(grad_inputs, grad_outputs, links=links, outs=out_nodes.get(node),  # noqa: B008
+                      cuts=view_cuts.get(node, ())):  # noqa: B008  (bound once: the hook runs per gradient)
             with _quiet():
                 ensure_finish_queued()
                 if outs is not None:

@@ -22,6 +22,7 @@ def add_arguments(parser):
 
 def run(args):
     import torch
+
     from probe.toolbox.base import NameFilter
     from probe.toolbox.options import parse_list
     from probe.toolbox.replay import Replayer, find_calls
