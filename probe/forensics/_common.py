@@ -14,17 +14,11 @@ import threading
 import torch
 
 from probe import rank
+from probe.dump.stack import TORCH_OP_PLUMBING, is_plumbing
 from probe.log_once import LogOnce
 
 log = logging.getLogger(__name__)
 
-_PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-# torch frames that are dispatch plumbing, never the line that called the API
-_PLUMBING = tuple(_TORCH_DIR + p for p in (
-    "overrides.py", os.path.join("utils", "_python_dispatch.py"), os.path.join("utils", "_device.py"),
-    "_ops.py", "_library" + os.sep, os.path.join("autograd", "__init__.py"), "_tensor.py",
-    os.path.join("autograd", "graph.py")))
 _CALL_IMPL = torch.nn.Module._call_impl.__code__
 
 # Warn once per key, for the whole process: a broken feature must not flood a training log.
@@ -32,7 +26,7 @@ log_once = LogOnce(log).warning
 
 
 def _is_plumbing(filename):
-    return filename.startswith(_PROBE_DIR) or filename.startswith(_PLUMBING)
+    return is_plumbing(filename, TORCH_OP_PLUMBING)
 
 
 def capture(skip=1):
