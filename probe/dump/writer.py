@@ -248,11 +248,13 @@ class DumpWriter:
         self._bytes = 0
         self._bytes_cv = threading.Condition()
         self._said = LogOnce(log)
-        # Without tensor files ("direct"), entries and meta files are written by the training
-        # thread itself at flush points: each hand-over to a thread costs a GIL round trip
-        # (~60 us idle, milliseconds on a loaded machine), more than the writes. The writer
-        # thread still makes the step's folder, while the step trains.
+        # Without tensor files ("direct"), the training thread itself makes the step's folder
+        # at its first write and writes entries and meta files at flush points: each
+        # hand-over to a thread costs a GIL round trip (~60 us idle, up to milliseconds on a
+        # loaded machine), more than these few writes.
         self._direct = False
+        self._target: Optional[_Open] = None       # direct: the step folder to make at first write
+        self._trash: List[str] = []                # folders of earlier runs set aside
         self._current: Optional[_StepFiles] = None   # the open step's files (None: could not be made)
         self._opened = threading.Event()             # set by the writer thread once _Open is done
         self._opened.set()
@@ -264,9 +266,14 @@ class DumpWriter:
         """Start a fresh step/rank folder, replacing what an earlier run left there."""
         self._flush_pending()
         self._wait_open()
+        if self._direct:
+            self._close_here()
         self._direct = not with_tensors
-        self._opened.clear()
-        self._queue.put(_Open(rank_dir, with_tensors))
+        if self._direct:
+            self._target = _Open(rank_dir, with_tensors)
+        else:
+            self._opened.clear()
+            self._queue.put(_Open(rank_dir, with_tensors))
 
     def add_entry(self, name, body):
         if _Process.pid != self._pid:   # a forked child must not write into the parent's files
@@ -291,7 +298,6 @@ class DumpWriter:
         """stack.json (``StackTable.parts()``) and construct.json, after the entries so far."""
         self._flush_pending()
         if self._direct:
-            self._wait_open()
             self._write_here(lambda files: files.write_meta(stack_parts, construct_json))
         else:
             self._queue.put(_Meta(stack_parts, construct_json))
@@ -299,8 +305,9 @@ class DumpWriter:
     def sync(self):
         """Block until everything is on disk."""
         self._flush_pending()
-        if self._direct:   # the queue holds nothing but folder work
-            self._wait_open()
+        if self._direct:
+            if self._target is not None:   # a step that wrote nothing still gets its folder
+                self._write_here(lambda files: None)
             return
         done = threading.Event()
         self._queue.put(_Sync(done))
@@ -316,16 +323,25 @@ class DumpWriter:
                 break
 
     def _write_here(self, write):
-        files = self._current
-        if files is None:
-            return
+        """Direct mode: ``write(files)`` in this thread, the folder made at the first one."""
         try:
-            write(files)
+            target, self._target = self._target, None
+            if target is not None:
+                self._current = _StepFiles(target.rank_dir, self.header, target.with_tensors, self._trash)
+            if self._current is not None:
+                write(self._current)
         except Exception as exc:  # never into the training script
             self._report(exc)
 
+    def _close_here(self):
+        files, self._current, self._target = self._current, None, None
+        if files is not None:
+            files.close()
+
     def close(self):
         self.sync()
+        if self._direct:
+            self._close_here()
         self._queue.put(_Stop())
         self._thread.join(timeout=30)
 
@@ -345,7 +361,6 @@ class DumpWriter:
             self._report(exc)
             return
         if self._direct:
-            self._wait_open()
             self._write_here(lambda files: files.append(data if files.count else data[1:], len(entries)))
         else:
             self._queue.put(_Entries(data, len(entries)))
@@ -356,7 +371,7 @@ class DumpWriter:
 
     # ---- writer thread ---------------------------------------------------
     def _run(self):
-        trash: List[str] = []
+        trash = self._trash
         while True:
             item = self._queue.get()
             kind = type(item)
