@@ -32,8 +32,11 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import overhead  # noqa: E402  (bench/overhead.py: models, train step, timing)
-from probe.dump import stats  # noqa: E402,F401  (sets up the compiled kernel)
-from probe.dump import _cstats  # noqa: E402
+
+from probe.dump import (
+    _cstats,  # noqa: E402
+    stats,  # noqa: E402,F401  (sets up the compiled kernel)
+)
 from probe.hook_module.interceptor import Interceptor, state  # noqa: E402
 from probe.hook_module.registry import load_registry, resolve  # noqa: E402
 

@@ -11,7 +11,7 @@ import sys
 # name -> (module, one-line help)
 COMMANDS = {
     "init": ("probe.init_config", "write an editable config.json and support_wrap_ops.yaml"),
-    "demo": ("probe.demo", "dump a small model as bf16 'NPU' and fp32 'bench' runs and compare them"),
+    "demo": ("probe.demo_cli", "dump a small model as bf16 'NPU' and fp32 'bench' runs and compare them"),
     "compare": ("probe.compare.cli", "compare an NPU dump with a bench dump into an Excel report"),
     "run-ut": ("probe.precheck.run_ut_cli", "pre-check every dumped API against a float64 golden on a trusted device"),
     "overflow": ("probe.precheck.overflow_cli", "find the first API that produced Inf/NaN in a dump"),
@@ -26,12 +26,17 @@ def _top_parser():
         prog="probe", description="Precision debugging for PyTorch training.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="commands:\n" + "\n".join(f"  {n:<12} {h}" for n, (_, h) in COMMANDS.items()))
+    parser.add_argument("--version", action="store_true", help="print probe's version and exit")
     parser.add_argument("command", choices=sorted(COMMANDS), metavar="command")
     return parser
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:
+        from probe import __version__
+        print(f"probe {__version__}")
+        return 0
     if not argv or argv[0] not in COMMANDS:
         _top_parser().parse_args(argv or ["--help"])
         return 2

@@ -16,6 +16,8 @@ import atexit
 import logging
 import os
 import weakref
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from probe.config import load_config
 from probe.dump.collector import ApiCollector
@@ -24,16 +26,18 @@ from probe.dump.writer import DumpWriter
 from probe.errors import ConfigError
 from probe.hook_module.interceptor import Interceptor
 from probe.hook_module.registry import load_registry, resolve
+from probe.rank import current_rank
 from probe.seed import seed_all
 
-log = logging.getLogger("probe")
+log = logging.getLogger(__name__)
 
 
-def _current_rank():
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return None
+@dataclass
+class _WholeModule:
+    """A ``module_dump`` request: the module is dumped as one entry while hooked."""
+    module: Any
+    name: str
+    handles: Optional[list] = None   # its hooks while dumping is on
 
 
 class PrecisionDebugger:
@@ -66,8 +70,9 @@ class PrecisionDebugger:
         self._kernels = None
         self._tracker = None
         self._construct = None
+        self.forensics = None
         self._active = False
-        self._whole = []          # module_dump requests: (module, name, handles or None)
+        self._whole = []          # module_dump requests (_WholeModule)
         self._meta_mark = None
         self._dir_step = None
         previous = PrecisionDebugger._current and PrecisionDebugger._current()
@@ -75,6 +80,7 @@ class PrecisionDebugger:
             previous.close()
         PrecisionDebugger._current = weakref.ref(self)
         atexit.register(_close_at_exit, weakref.ref(self))
+        self._make_dumpers()
 
     # ---- msprobe's interface -------------------------------------------------
     def start(self, model=None):
@@ -87,10 +93,10 @@ class PrecisionDebugger:
                               f"start(model) or PrecisionDebugger(..., model=model)")
         if self._active:
             return
-        rank = _current_rank()
+        rank = current_rank()
         if not self.config.wants_step(self.current_step) or (rank is not None and not self.config.wants_rank(rank)):
             return
-        if self._writer is None:
+        if self._writer is None:   # started again after close(): a fresh chain, the same features
             self._make_dumpers()
         if self._dir_step != self.current_step:
             self._dir_step = self.current_step
@@ -116,9 +122,6 @@ class PrecisionDebugger:
         if self._writer is not None and self._dir_step == self.current_step:
             self._write_meta(only_if_grown=True)   # backward entries that arrived after stop() add to construct.json
             self._writer.sync()
-            if self.config.wants_step(self.current_step + 1):
-                # made while the loop runs between steps, not on the next step's path
-                self._writer.prepare_dir(self._step_dir(self.current_step + 1, _current_rank()), self._with_tensors)
         for part in (self._collector, self._modules, self._kernels, self._tracker):
             if part is not None:
                 part.reset_step()
@@ -133,25 +136,36 @@ class PrecisionDebugger:
             raise TypeError(f"module_dump: module must be a torch.nn.Module, got {type(module).__name__}")
         if not isinstance(name, str) or not name:
             raise TypeError(f"module_dump: name must be a non-empty str, got {name!r}")
-        request = [module, name, None]
+        request = _WholeModule(module, name)
         self._whole.append(request)
         if self._active:
-            request[2] = self._modules.attach_whole(module, name)
+            request.handles = self._modules.attach_whole(module, name)
 
     def module_dump_end(self):
         """Stop the ``module_dump`` requests made so far."""
-        for _, _, handles in self._whole:
-            for h in handles or ():
+        for request in self._whole:
+            for h in request.handles or ():
                 h.remove()
         self._whole = []
 
     # ---- internals -----------------------------------------------------------
     def _make_dumpers(self):
+        """The handler chain, built once from the config:
+
+        interceptor (registered APIs and custom ops) -> ``self.forensics`` (crash dumps,
+        backward origin, meta check: ``probe.forensics``) -> the level's handler: the
+        collector (L1/mix: its ``CallFilter`` decides, its ``EntryBuilder`` records), the
+        API tracker (L2, where kernels are recorded by a dispatch mode) or a pass-through
+        (L0, where module hooks record). Module and kernel dumpers share the collector's
+        filter and entry builder. Nothing here is replaced later.
+        """
+        from probe import forensics
         from probe.dump.modules import ModuleDumper
+        from probe.forensics.hub import ForensicsHandler, Namer, with_custom_ops
         level = self.config.level
         self._writer = DumpWriter(self.config.task, level)
         if self.config.task == "overflow_check":
-            from probe.precheck.overflow_dump import OverflowCollector
+            from probe.dump.overflow import OverflowCollector
             self._collector = OverflowCollector(self.config, self._writer)
         else:
             self._collector = ApiCollector(self.config, self._writer)
@@ -163,13 +177,15 @@ class PrecisionDebugger:
             from probe.dump.kernels import ApiTracker, KernelDumper
             self._tracker = ApiTracker()
             self._kernels = KernelDumper(self._collector, self.registry.aten, self._tracker)
-            self._interceptor = Interceptor(self.registry, self._tracker)
+            inner = self._tracker
         elif level in ("L1", "mix"):
-            self._interceptor = Interceptor(self.registry, self._collector)
+            inner = self._collector
         else:  # L0 records modules only; APIs are still watched, for crash dumps
-            self._interceptor = Interceptor(self.registry, _call_through)
-        from probe import forensics   # crash dumps; backward origin and meta check when configured
-        forensics.attach(self)
+            inner = _call_through
+        features = self.forensics.features if self.forensics is not None else ()
+        self.forensics = ForensicsHandler(inner, Namer(self), features)
+        self._interceptor = Interceptor(with_custom_ops(self.registry), self.forensics)
+        forensics.configure(self)
 
     def _attach(self):
         self._active = True
@@ -180,7 +196,7 @@ class PrecisionDebugger:
             if level == "mix":
                 self._modules.attach_optimizer()
         for request in self._whole:
-            request[2] = self._modules.attach_whole(request[0], request[1])
+            request.handles = self._modules.attach_whole(request.module, request.name)
         if self._interceptor is not None:
             self._interceptor.start()
         if self._kernels is not None:
@@ -193,9 +209,9 @@ class PrecisionDebugger:
             self._interceptor.stop(keep_patches=True)   # close() removes them
         self._modules.detach()
         for request in self._whole:
-            for h in request[2] or ():
+            for h in request.handles or ():
                 h.remove()
-            request[2] = None
+            request.handles = None
 
     @property
     def _with_tensors(self):

@@ -7,8 +7,6 @@ import json
 import os
 import shutil
 
-from probe.hook_module.registry import DEFAULT_YAML
-
 EXAMPLE_CONFIG = {
     "task": "statistics",
     "dump_path": "./dump_path",
@@ -39,6 +37,7 @@ def write_init_files(directory=".", force=False):
         for path in (config_path, yaml_path):
             if os.path.exists(path):
                 raise FileExistsError(f"{path} already exists (use --force to overwrite)")
+    from probe.hook_module.registry import DEFAULT_YAML  # torch, only when writing
     shutil.copyfile(DEFAULT_YAML, yaml_path)
     config = dict(EXAMPLE_CONFIG, wrap_ops_yaml=os.path.abspath(yaml_path))
     with open(config_path, "w", encoding="utf-8") as f:

@@ -63,7 +63,6 @@ def torch_stats(t):
 
 def assert_summary(summary, t, rel=1e-5):
     """A dumped tensor summary describes ``t``: dtype, shape and torch's own statistics."""
-    import torch
     assert summary is not None, "no summary where a tensor was expected"
     assert summary["type"] == "torch.Tensor"
     assert summary["dtype"] == str(t.dtype)

@@ -2,15 +2,10 @@
 import glob
 import os
 
-import pytest
-
-torch = pytest.importorskip("torch")
-try:
-    from probe.debugger import PrecisionDebugger
-except ImportError as exc:          # the dump side is built in parallel
-    pytest.skip(f"probe.debugger not importable: {exc}", allow_module_level=True)
+import torch
 
 from probe.compare import compare
+from probe.debugger import PrecisionDebugger  # an ImportError here fails the run, loudly
 
 
 class Block(torch.nn.Module):

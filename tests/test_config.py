@@ -8,9 +8,9 @@ import os
 
 import pytest
 import torch
+from conftest import load_dump
 
 from probe import ConfigError, PrecisionDebugger
-from conftest import load_dump
 
 
 def _write(tmp_path, cfg):

@@ -6,7 +6,6 @@ grads w.r.t. its inputs in argument order (None where no gradient flows).
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import assert_summary, load_dump
 from models import MAKERS, train_step
 
@@ -255,11 +254,11 @@ def _flat(items):
 
 def test_deferred_gradient_fetch_gives_the_same_entries(make_debugger, dump_dir, monkeypatch):
     """The accelerator path (one host fetch per backward entry) forced on the CPU."""
-    from probe.dump.collector import ApiCollector
+    from probe.dump.entry_builder import EntryBuilder
     from probe.dump.stats import SummaryCache
 
     def dumped(defer, path):
-        monkeypatch.setattr(ApiCollector, "defer_grad_fetch", defer)
+        monkeypatch.setattr(EntryBuilder, "defer_grad_fetch", defer)
         monkeypatch.setattr(SummaryCache, "defer_on_cpu", defer)
         model, x, y = MAKERS["gpt"]()
         dbg = make_debugger(dump_path=path)

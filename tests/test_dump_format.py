@@ -5,6 +5,7 @@ against msprobe 8.3.3's dump of the same run (values and schema).
 """
 import json
 import os
+import re
 import warnings
 import zlib
 
@@ -12,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import FIXTURES, assert_summary, load_dump
 from test_dump_names import MSPROBE_833, _tiny_model
 
@@ -61,7 +61,7 @@ def test_summary_of_bool_empty_nan_inf(dump_once, dump_dir):
     assert s[3]["Max"] == float("inf") and s[4]["Min"] == float("-inf")
     with open(os.path.join(dump_dir, "step0", "rank", "dump.json")) as f:
         raw = f.read()
-    assert '"Max": NaN' in raw and '"Max": Infinity' in raw and '"Min": -Infinity' in raw  # bare tokens
+    assert re.search(r'"Max": ?NaN', raw) and re.search(r'"Max": ?Infinity', raw) and re.search(r'"Min": ?-Infinity', raw)  # bare tokens
 
 
 def test_md5_is_crc32_and_matches_msprobe(make_debugger, dump_dir):
@@ -351,7 +351,7 @@ def test_unusual_layouts_and_dtypes_dump_their_values(dump_once, dump_dir):
 def test_stack_json_text_is_the_json_of_its_table(make_debugger, dump_dir):
     """stack.json is written from frames encoded once per stack: the same text as encoding
     the table whole, and it parses back to the table."""
-    from probe.dump.entry_process import one_key_per_line, stack_text
+    from probe.dump.encode import stack_text
     tm = _tiny_model()
     model, x, y = tm.make()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -363,6 +363,6 @@ def test_stack_json_text_is_the_json_of_its_table(make_debugger, dump_dir):
         stacks = dbg._collector.stacks
         table = stacks.to_json()
         assert len(table) > 5
-        assert stack_text(stacks.parts()) == one_key_per_line(table)
+        assert json.loads(stack_text(stacks.parts())) == table
         dbg.step()
         assert load_dump(dump_dir, step, name="stack.json") == table

@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 import torch
-
-import probe.dump.writer as writer_mod
 from conftest import HERE, load_dump
 from models import make_mlp, train_step
+
+import probe.dump.writer as writer_mod
 
 CHILD = textwrap.dedent("""
     import sys, torch

@@ -12,9 +12,8 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.nn.functional import gelu  # imported before start(): must still be seen
-
 from conftest import FIXTURES, load_dump
+from torch.nn.functional import gelu  # imported before start(): must still be seen
 
 MSPROBE_833 = os.path.join(FIXTURES, "msprobe", "v833_L1_statistics_fp32", "step0", "rank", "dump.json")
 # APIs one of the two tools records and the other does not, for this run. msprobe 8.3.3

@@ -4,7 +4,6 @@ import json
 import os
 import textwrap
 
-import pytest
 import torch
 import torch.nn.functional as F
 

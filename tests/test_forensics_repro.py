@@ -20,7 +20,7 @@ from probe.debugger import PrecisionDebugger
 from probe.forensics.repro import SCRIPT_METRICS
 from probe.repro import generate
 
-FIXTURES = "/work/shared/fixtures/msprobe"
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "msprobe")
 ALLOWED_IMPORTS = {"argparse", "math", "os", "sys", "torch"}
 
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import load_dump
 
 from probe import PrecisionDebugger, seed_all
 from probe.cli import main
-from conftest import load_dump
 
 
 def _delete_line(yaml_path, section, name):

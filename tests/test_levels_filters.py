@@ -3,8 +3,6 @@ filtered-out call costs (no statistics, no stack capture)."""
 import json
 
 import pytest
-import torch
-
 from conftest import load_dump
 from test_levels_modules import run_tiny
 
@@ -101,10 +99,10 @@ def test_step_filter_at_L0(make_debugger, dump_dir, tmp_path):
 def test_filtered_out_calls_cost_no_statistics_and_no_stack(make_debugger, dump_dir, tmp_path, monkeypatch, level):
     """Counting calls of the summary and stack functions: a list that matches nothing
     leaves them uncalled; one module in the list costs that module's tensors only."""
-    from probe.dump.collector import ApiCollector
+    from probe.dump.entry_builder import EntryBuilder
     from probe.dump.stack import StackTable
     counts = {"summaries": 0, "capture": 0}
-    real_summary, real_capture = ApiCollector._summary, StackTable.capture
+    real_summary, real_capture = EntryBuilder.summary, StackTable.capture
 
     def summary(self, *args):
         counts["summaries"] += 1
@@ -113,7 +111,7 @@ def test_filtered_out_calls_cost_no_statistics_and_no_stack(make_debugger, dump_
     def capture(self, *args, **kwargs):
         counts["capture"] += 1
         return real_capture(self, *args, **kwargs)
-    monkeypatch.setattr(ApiCollector, "_summary", summary)
+    monkeypatch.setattr(EntryBuilder, "summary", summary)
     monkeypatch.setattr(StackTable, "capture", capture)
 
     run_tiny(make_debugger, level, steps=1, config_path=config(tmp_path, dump_dir, level, list=["nothing.matches"]))

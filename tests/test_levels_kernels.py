@@ -3,14 +3,12 @@
 
 The reference is what a dispatch mode of the test itself sees in an identical run.
 """
+import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-
-import pytest
-
 from conftest import assert_summary, load_dump, torch_stats
 from level_models import tiny_model
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def _yaml_aten():

@@ -6,7 +6,6 @@ a module called twice.
 """
 import pytest
 import torch
-
 from conftest import assert_summary, load_dump
 from level_models import SharedNet, make_hf, tiny_model
 from test_levels_modules import msprobe_step, run_tiny

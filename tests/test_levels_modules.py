@@ -9,7 +9,6 @@ import os
 import pytest
 import torch
 import torch.nn as nn
-
 from conftest import FIXTURES, assert_summary, load_dump
 from level_models import InplaceNet, SharedNet, make_hf, tiny_model, train_steps
 

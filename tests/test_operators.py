@@ -5,10 +5,11 @@ operator written as source (so the call site is real bytecode) is named ``Tensor
 and the method it runs, called as a method, keeps the method's name.
 """
 import gc
+
 import pytest
 import torch
-
 from conftest import load_dump
+
 from probe.hook_module import operators
 from probe.hook_module.registry import DEFAULT_YAML, load_registry, resolve
 

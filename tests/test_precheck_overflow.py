@@ -13,17 +13,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from probe import PrecisionDebugger  # noqa: E402
+from probe.dump.overflow import OverflowCheck  # noqa: E402
 from probe.precheck import find_overflow  # noqa: E402
-from probe.precheck.overflow_dump import OverflowCheck  # noqa: E402
 
-FIXTURES = "/work/shared/fixtures/msprobe"
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "msprobe")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _fixture(name):
     path = os.path.join(FIXTURES, name)
-    if not os.path.isdir(path):
-        pytest.skip(f"fixture {name} not present")
+    assert os.path.isdir(path), f"fixture {name} missing from tests/fixtures/msprobe"
     return path
 
 

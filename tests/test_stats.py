@@ -8,8 +8,8 @@ import sysconfig
 
 import pytest
 import torch
-
 from conftest import torch_stats
+
 from probe.dump import stats
 
 CASES = {

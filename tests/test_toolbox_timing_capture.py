@@ -1,4 +1,5 @@
 import pytest
+
 """OpTimeMeasure: one CSV row per call, backward time per call, warm-up flagged, summary;
 OpCapture + probe replay: a captured MLP replays bitwise on the CPU, forward and backward,
 a tampered capture is reported, saved files load with weights_only."""

@@ -15,13 +15,14 @@ APIs without dumping them; backward kernels find theirs on the autograd node run
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from probe.dump.collector import _Summaries
+from probe.dump.entry_builder import Summaries
 from probe.dump.modules import blocked
+from probe.dump.records import ForwardEntry
 from probe.hook_module.grad_capture import input_slots, output_slots
 from probe.hook_module.interceptor import state
+from probe.hook_module.own_work import no_function_mode
 
 _current_node = torch._C._current_autograd_node
-_no_function_mode = torch._C.DisableTorchFunction
 _META_KEY = "probe_api"
 
 
@@ -62,7 +63,7 @@ class ApiTracker:
         base = f"{name}.{n}"
         before = None
         if torch.is_grad_enabled():
-            with _no_function_mode():
+            with no_function_mode():
                 before = _grad_fns(input_slots(args, kwargs))
         prev = self.current
         self.current = base + ".forward"
@@ -72,7 +73,7 @@ class ApiTracker:
             self.current = prev
         if before is not None:
             try:
-                with _no_function_mode():
+                with no_function_mode():
                     _tag_nodes(output_slots(out), before, base + ".backward")
             except Exception:  # never the user's problem: those kernels lack "api"
                 pass
@@ -158,6 +159,7 @@ class KernelDumper:
         self.counters[name] = n + 1
         base = f"{name}.{n}"
         api = self.api
+        entries = api.entries
         flt = api.filter
         node = _current_node()
         if (not (flt.backward if node is not None else flt.forward)) or not flt.wants(base):
@@ -166,14 +168,13 @@ class KernelDumper:
         summaries = entry = None
         state.depth += 1   # probe's own torch calls are not APIs of the run
         try:
-            summaries = _Summaries(api.cache)
-            entry = {}
+            summaries = entries.summaries()
+            entry = ForwardEntry()
             if flt.inputs:
-                entry["input_args"] = [api._describe(a, summaries, f"{fwd}.input.{i}") for i, a in enumerate(args)]
-                entry["input_kwargs"] = {k: api._describe(v, summaries, f"{fwd}.{k}") for k, v in kwargs.items()}
+                entries.inputs(entry, fwd, args, kwargs, summaries)
             api.stacks.capture(fwd)
         except Exception as exc:
-            api._fail(name, exc)
+            entries.fail(name, exc)
             entry = None
         finally:
             state.depth -= 1
@@ -183,9 +184,8 @@ class KernelDumper:
         state.depth += 1
         try:
             if flt.outputs:
-                outs = out if isinstance(out, (tuple, list)) else [out]
-                out_summaries = _Summaries(_NO_CACHE) if mutates else summaries
-                entry["output"] = [api._describe(o, out_summaries, f"{fwd}.output.{i}") for i, o in enumerate(outs)]
+                out_summaries = Summaries(_NO_CACHE) if mutates else summaries
+                entries.outputs(entry, fwd, out, out_summaries)
                 if mutates:
                     out_summaries.resolve()
             summaries.resolve()
@@ -194,10 +194,10 @@ class KernelDumper:
             else:
                 owner = self.tracker.current
             if owner is not None:
-                entry["api"] = owner
+                entry.api = owner
             api.writer.add_entry(fwd, entry)
         except Exception as exc:
-            api._fail(name, exc)
+            entries.fail(name, exc)
         finally:
             state.depth -= 1
         return out

@@ -18,17 +18,17 @@ import dataclasses
 
 import torch
 
-from probe.dump.collector import _Summaries
 from probe.dump.construct import OPTIMIZER
+from probe.dump.records import ForwardEntry
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import state
+from probe.hook_module.own_work import no_function_mode
 
 # A module spans many autograd nodes; grad_capture's per-API walk limit is too small.
 _MODULE_MAX_NODES = 1 << 16
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 # Module hooks run outside any API call, so in mix the interceptor's function mode is live
 # there: every tensor attribute read (t.shape, t.grad_fn) would go through it (~3 us each).
-_no_function_mode = torch._C.DisableTorchFunction
 
 
 class _OwnWork:
@@ -39,7 +39,7 @@ class _OwnWork:
     def __enter__(self):
         state.depth += 1
         blocked.value += 1
-        self.mode = _no_function_mode()
+        self.mode = no_function_mode()
         self.mode.__enter__()
 
     def __exit__(self, *exc):
@@ -85,6 +85,19 @@ def _flatten(value, out):
         for f in dataclasses.fields(value):
             _flatten(getattr(value, f.name), out)
     return out
+
+
+class _ModuleCall:
+    """One module's forward between its pre- and post-hook."""
+    __slots__ = ("name", "fwd", "bwd", "summaries", "entry", "params", "grad", "parent")
+
+    def __init__(self, name, fwd, bwd, summaries, parent):
+        self.name, self.fwd, self.bwd = name, fwd, bwd
+        self.summaries = summaries
+        self.entry = ForwardEntry()
+        self.params = None
+        self.grad = None
+        self.parent = parent
 
 
 class ModuleDumper:
@@ -140,8 +153,7 @@ class ModuleDumper:
 
     def attach_optimizer(self):
         """mix: APIs run by ``optimizer.step()`` map to "optimizer" in construct.json."""
-        from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                           register_optimizer_step_pre_hook)
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
         construct = self.construct
 
         def pre(optimizer, args, kwargs):
@@ -187,11 +199,11 @@ class ModuleDumper:
                     with _OwnWork():
                         call = self._before(mod, name, fwd, args, kwargs, parent)
                 except Exception as exc:
-                    api._fail(name, exc)
+                    api.entries.fail(name, exc)
                 running.append((mod, call, parent, key, whole))
                 if construct is not None:
                     construct.tree[fwd] = parent and parent[0]
-                    construct.current = (fwd, call["bwd"] if call else None)
+                    construct.current = (fwd, call.bwd if call else None)
             if whole:   # nothing inside is dumped: APIs see a probe call in progress
                 blocked.value += 1
                 state.depth += 1
@@ -219,7 +231,7 @@ class ModuleDumper:
                 with _OwnWork():
                     self._after(call, output)
             except Exception as exc:
-                api._fail(name, exc)
+                api.entries.fail(name, exc)
             return None
 
         self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
@@ -227,42 +239,35 @@ class ModuleDumper:
 
     def _before(self, module, name, fwd, args, kwargs, parent):
         api = self.api
+        entries = api.entries
         flt = api.filter
-        summaries = _Summaries(api.cache)
-        call = {"name": name, "fwd": fwd, "bwd": f"{name}.backward.{fwd.rsplit('.', 1)[1]}",
-                "summaries": summaries, "entry": {}, "params": None, "grad": None, "parent": parent}
+        call = _ModuleCall(name, fwd, f"{name}.backward.{fwd.rsplit('.', 1)[1]}", entries.summaries(), parent)
         self.dumped.add(name)
         if flt.forward:
             if flt.inputs:
-                call["entry"]["input_args"] = [api._describe(a, summaries, f"{fwd}.input.{i}")
-                                               for i, a in enumerate(args)]
-                call["entry"]["input_kwargs"] = {k: api._describe(v, summaries, f"{fwd}.{k}")
-                                                 for k, v in kwargs.items()}
-                call["params"] = {k: api._describe(p, summaries, f"{fwd}.parameters.{k}")
-                                  for k, p in module._parameters.items() if p is not None}
+                entries.inputs(call.entry, fwd, args, kwargs, call.summaries)
+                call.params = {k: entries.describe(p, call.summaries, f"{fwd}.parameters.{k}")
+                               for k, p in module._parameters.items() if p is not None}
             api.stacks.capture(fwd)
         if flt.backward and torch.is_grad_enabled():
             inputs = _flatten(kwargs, _flatten(args, []))
-            call["grad"] = (grad_capture.edges_before(inputs), len(inputs))
+            call.grad = (grad_capture.edges_before(inputs), len(inputs))
         return call
 
     def _after(self, call, output):
         api = self.api
         flt = api.filter
-        summaries = call["summaries"]
-        entry = call["entry"]
+        entry = call.entry
         out = _plain(output)
         if flt.forward:
             if flt.outputs:
-                outs = out if isinstance(out, (tuple, list)) else [out]
-                entry["output"] = [api._describe(o, summaries, f"{call['fwd']}.output.{i}")
-                                   for i, o in enumerate(outs)]
-            if call["params"] is not None:
-                entry["parameters"] = call["params"]
-            summaries.resolve()
-            api.writer.add_entry(call["fwd"], entry)
-        if call["grad"] is not None:
-            before, n_inputs = call["grad"]
+                api.entries.outputs(entry, call.fwd, out, call.summaries)
+            if call.params is not None:
+                entry.parameters = call.params
+            call.summaries.resolve()
+            api.writer.add_entry(call.fwd, entry)
+        if call.grad is not None:
+            before, n_inputs = call.grad
             outputs = _flatten(out, [])
             if any(t.requires_grad for t in outputs):
                 _hook_call(before, outputs, n_inputs, self._grad_seen, self._backward_done_fn(call))
@@ -270,27 +275,22 @@ class ModuleDumper:
     # ---- backward -----------------------------------------------------------
     def _backward_done_fn(self, call):
         api = self.api
-        name, bwd, parent = call["name"], call["bwd"], call["parent"]
+        name, bwd, parent = call.name, call.bwd, call.parent
         construct = self.construct
 
         def on_done(out_grads, in_grads):
             try:
-                api._resolve_grads(out_grads + in_grads)
-                entry = {}
-                if api.filter.inputs:
-                    entry["input"] = [api._finish_grad(g, f"{bwd}.input.{i}") for i, g in enumerate(out_grads)]
-                if api.filter.outputs:
-                    entry["output"] = [api._finish_grad(g, f"{bwd}.output.{i}") for i, g in enumerate(in_grads)]
+                entry = api.entries.backward_entry(bwd, out_grads, in_grads, api.filter.inputs, api.filter.outputs)
                 api.writer.add_entry(bwd, entry)
                 if construct is not None:
                     construct.tree[bwd] = parent and parent[1]
             except Exception as exc:
-                api._fail(name, exc)
+                api.entries.fail(name, exc)
         return on_done
 
     def _grad_seen(self, grad):
         with _OwnWork():
-            return self.api._grad_seen(grad)
+            return self.api.entries.grad_seen(grad)
 
     def _param_hook(self, owners):
         api = self.api
@@ -301,7 +301,7 @@ class ModuleDumper:
                     with _OwnWork():
                         self._param_grad(owners, grad)
                 except Exception as exc:
-                    api._fail(owners[0][0], exc)
+                    api.entries.fail(owners[0][0], exc)
             return None
         return hook
 
@@ -311,9 +311,9 @@ class ModuleDumper:
             if name not in self.dumped:
                 continue
             if summary is None:
-                summary = self.api._grad_seen(grad)
+                summary = self.api.entries.grad_seen(grad)
                 if len(owners) > 1:   # copies below must carry the numbers, not a shared pending fetch
-                    self.api._resolve_grads([summary])
+                    self.api.entries.resolve_grads([summary])
             pending = self.grad_pending.setdefault(name, {})
             pending[p_name] = summary if len(owners) == 1 else dict(summary)
             if len(pending) == len(order):
@@ -336,6 +336,7 @@ class ModuleDumper:
         entry_name = f"{name}.parameters_grad.{k}"
         api = self.api
         keys = order or list(pending)
-        api._resolve_grads(list(pending.values()))
-        entry = {p: [api._finish_grad(pending[p], f"{entry_name}.{p}")] for p in keys if p in pending}
+        api.entries.resolve_grads(list(pending.values()))
+        # {parameter name: [gradient summary]}: keys are the module's own, so a dict
+        entry = {p: [api.entries.finish_grad(pending[p], f"{entry_name}.{p}")] for p in keys if p in pending}
         api.writer.add_entry(entry_name, entry)

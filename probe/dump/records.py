@@ -1,5 +1,63 @@
-"""Plain data handed from the hooks to the writer: summaries of values and entries."""
+"""Plain data handed from the hooks to the writer: dump entries and value summaries.
+
+A forward entry is msprobe's ``{"input_args": [...], "input_kwargs": {...}, "output":
+[...]}`` (plus ``parameters`` for a module at L0/mix, ``api`` for a kernel at L2), a
+backward entry ``{"input": [...], "output": [...]}``; a field left None (data_mode
+filtered it out) is absent from the file. Each element is a tensor summary dict (type,
+dtype, shape, Max, Min, Mean, Norm, requires_grad, data_name, md5: msprobe's keys, built
+in one C call for most tensors), ``describe_value``'s form of another value, or a list /
+dict of those. ``EntryBuilder`` (``entry_builder.py``) makes them; the writer encodes
+them with orjson, which serialises these slotted dataclasses through ``to_json``.
+"""
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
 import torch
+
+
+@dataclass(eq=False)
+class ForwardEntry:
+    __slots__ = ("input_args", "input_kwargs", "output", "parameters", "api")
+    input_args: Optional[List[Any]]
+    input_kwargs: Optional[Dict[str, Any]]
+    output: Optional[List[Any]]
+    parameters: Optional[Dict[str, Any]]
+    api: Optional[str]
+
+    def __init__(self):   # fields are filled as the call runs
+        self.input_args = self.input_kwargs = self.output = self.parameters = self.api = None
+
+    def to_json(self):
+        """msprobe's dict: fields in its order, unset ones absent."""
+        d = {}
+        if self.input_args is not None:
+            d["input_args"] = self.input_args
+            d["input_kwargs"] = self.input_kwargs
+        if self.output is not None:
+            d["output"] = self.output
+        if self.parameters is not None:
+            d["parameters"] = self.parameters
+        if self.api is not None:
+            d["api"] = self.api
+        return d
+
+
+@dataclass(eq=False)
+class BackwardEntry:
+    __slots__ = ("input", "output")
+    input: Optional[List[Any]]
+    output: Optional[List[Any]]
+
+    def __init__(self):
+        self.input = self.output = None
+
+    def to_json(self):
+        d = {}
+        if self.input is not None:
+            d["input"] = self.input
+        if self.output is not None:
+            d["output"] = self.output
+        return d
 
 # Non-tensor argument values msprobe records as {"type": ..., "value": ...}.
 _SCALARS = (bool, int, float, str)

@@ -21,13 +21,20 @@ except ImportError:   # built without a C compiler: keys are made in Python
     _frame_key = None
 
 _PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_TORCH_PLUMBING = tuple(
-    os.path.join(os.path.dirname(torch.__file__), p)
-    for p in ("overrides.py", os.path.join("utils", "_python_dispatch.py"), os.path.join("utils", "_device.py")))
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+# torch's function-mode plumbing: never the line that called the API
+TORCH_PLUMBING = tuple(_TORCH_DIR + p for p in (
+    "overrides.py", os.path.join("utils", "_python_dispatch.py"), os.path.join("utils", "_device.py")))
+# ... and for reports of custom ops and backward passes, torch's op and autograd entry points
+TORCH_OP_PLUMBING = TORCH_PLUMBING + tuple(_TORCH_DIR + p for p in (
+    "_ops.py", "_library" + os.sep, os.path.join("autograd", "__init__.py"), "_tensor.py",
+    os.path.join("autograd", "graph.py")))
 
 
-def _is_plumbing(filename):
-    return filename.startswith(_PROBE_DIR) or filename.startswith(_TORCH_PLUMBING)
+def is_plumbing(filename, torch_files=TORCH_PLUMBING):
+    """The one stack filter: a frame of probe itself or of torch's plumbing (``torch_files``)."""
+    return filename.startswith(_PROBE_DIR) or filename.startswith(torch_files)
+
 
 
 _MAX_KEPT = 50_000  # distinct stack keys kept across steps before starting afresh
@@ -81,7 +88,7 @@ class StackTable:
             codes.append(g.f_code)
             g = g.f_back
         f = caller
-        while f is not None and _is_plumbing(f.f_code.co_filename):
+        while f is not None and is_plumbing(f.f_code.co_filename):
             f = f.f_back
         if f is not None and f.f_code is api_code:
             f = f.f_back
@@ -100,7 +107,7 @@ class StackTable:
 
     def parts(self):
         """This step's stacks as (entry names, frames encoded as JSON when the stack was
-        first seen): what ``entry_process.stack_text`` turns into stack.json's text."""
+        first seen): what ``encode.stack_text`` turns into stack.json's text."""
         return [(tuple(names), self._frames_text[sid]) for sid, names in self._used.items()]
 
     def to_json(self):

@@ -1,43 +1,78 @@
-"""The writer owns every dump file; a background thread does the I/O.
+"""The writer owns every dump file; one background thread does the file I/O.
 
-dump.json grows by appending: each flush seeks back over the closing braces, writes the
-new entries (one per line) and the braces again, so the file is valid JSON after every
-flush and total I/O stays linear (msprobe rewrites the whole file every 1,000 entries).
-Tensor files are written in the same FIFO as the entries that name them, so a flushed
-entry's file is already on disk. The queue is bounded in bytes: when the disk falls
-behind, the training thread waits rather than memory growing.
+The training thread collects entries and, at flush points (every ``_FLUSH_ENTRIES``
+entries, after ``_FLUSH_SECONDS``, at ``stop()``/``step()``), encodes them with orjson
+(``encode``) and hands the bytes to the writer thread, with tensor files in the same FIFO,
+so a flushed entry's file is already on disk. The queue is bounded in bytes: when the disk
+falls behind, the training thread waits rather than memory growing. No helper process.
 
-Creating files and folders is the slow part on many filesystems (hundreds of
-microseconds each), so the next step's folder is made ahead, under a hidden staging
-name, while the current step trains; opening a step is then one rename. A folder left
-by an earlier run is renamed aside and deleted in the background.
+dump.json grows by appending: each flush writes over the closing braces the new entries
+and the braces again, so the file is valid JSON after every flush and total I/O stays
+linear (msprobe rewrites the whole file every 1,000 entries).
+
+Failure semantics (a full disk, an unwritable folder):
+* training goes on; one line is logged for the whole run (``_report``);
+* every dump.json on disk stays valid JSON holding its last complete flush: a write that
+  fails is rolled back (the file is cut back to its size before it, braces rewritten in
+  place) and nothing more is appended to that step's files;
+* stack.json and construct.json are rewritten in place, and written back as they were
+  when that fails (a temp file and a rename per step cost ~1 ms on a busy disk);
+* a step's folder is made when the step starts (``open_dir``, by the writer thread while
+  the step trains), never ahead of it: no folder exists for a step that did not run; a
+  folder whose dump.json cannot even be created is removed again.
 """
 import io
-import json
 import logging
 import os
 import queue
 import shutil
 import threading
 import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from probe.dump.entry_process import FOOTER as _FOOTER
-from probe.dump.entry_process import (EntryProcess, EntryProcessError, append_entries, append_text,
-                                      encode_entries, one_key_per_line, rewrite, stack_text)
+from probe.dump.encode import FOOTER, encode_entries, header_text, one_key_per_line, stack_text
+from probe.log_once import LogOnce
+
+log = logging.getLogger(__name__)
 
 _HEADER_KEYS = ("task", "level", "framework", "dump_data_dir")
 _FLUSH_ENTRIES = 2000
-_HELPER_BATCH = 16   # entries per hand-over to the helper process: it encodes while training runs
-# Entries a step is expected to leave for stop() to encode here (while the helper writes the
-# meta files): the batch before them goes out early, sized by the previous step's count.
-_HELPER_TAIL = 6
 _FLUSH_SECONDS = 1.0
 _MAX_PENDING_BYTES = 512 << 20
 
 
-_npy_headers = {}  # (dtype, shape) -> .npy header bytes
+# ---- the writer thread's work items ------------------------------------------------
+class _Open(NamedTuple):
+    rank_dir: str
+    with_tensors: bool
+
+
+class _Entries(NamedTuple):
+    data: bytes     # encode_entries' text
+    n: int          # entries in it
+
+
+class _Tensor(NamedTuple):
+    file_name: str
+    array: Any      # a CPU numpy array
+
+
+class _Meta(NamedTuple):
+    stack_parts: list
+    construct: dict
+
+
+class _Sync(NamedTuple):
+    done: threading.Event
+
+
+class _Stop(NamedTuple):
+    pass
+
+
+_npy_headers: Dict[Tuple[str, tuple], bytes] = {}  # (dtype, shape) -> .npy header bytes
 
 
 class _Process:
@@ -55,7 +90,8 @@ os.register_at_fork(after_in_child=_after_fork)
 
 def _write_npy(path, arr):
     """np.save's format with the header built once per (dtype, shape): formatting it is
-    most of np.save's Python cost for the small tensors a model has by the hundred."""
+    most of np.save's Python cost for the small tensors a model has by the hundred.
+    A write that fails leaves no partial file."""
     if not arr.flags.c_contiguous:
         arr = arr.copy(order="C")   # (np.ascontiguousarray would turn a 0-d array into 1-d)
     key = (arr.dtype.str, arr.shape)
@@ -65,116 +101,163 @@ def _write_npy(path, arr):
         np.lib.format.write_array_header_1_0(
             buf, {"descr": np.lib.format.dtype_to_descr(arr.dtype), "fortran_order": False, "shape": arr.shape})
         header = _npy_headers[key] = buf.getvalue()
-    with open(path, "wb") as f:
-        f.write(header)
-        f.write(arr.data)
+    try:
+        with open(path, "wb") as f:
+            f.write(header)
+            f.write(arr.data)
+    except BaseException:
+        _remove(path)
+        raise
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _write_all(fd, data, offset):
+    """pwrite all of ``data`` at ``offset`` (a short write is continued)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+def _rewrite(fd, data, old):
+    """The open file holds ``data``, or, if writing it fails, ``old`` again (written back
+    into blocks the file already has: that needs no new space)."""
+    try:
+        _write_all(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    except BaseException:
+        try:
+            _write_all(fd, old, 0)
+            os.ftruncate(fd, len(old))
+        except OSError:
+            pass
+        raise
 
 
 class _StepFiles:
-    """The files of one step/rank folder, created under a staging name, kept open."""
+    """The files of one step/rank folder (writer thread only).
 
-    def __init__(self, rank_dir, header, with_tensors):
+    Made under a staging name beside the final one and renamed into place, so a reader
+    never sees a half-made folder; a folder an earlier run left is renamed aside first.
+    ``broken`` is set by the first failed write: the step's files keep what they hold.
+    """
+
+    def __init__(self, rank_dir, header, with_tensors, trash):
         self.rank_dir = rank_dir
-        parent, name = os.path.split(rank_dir)
-        self.made_parent = not os.path.isdir(parent)
-        os.makedirs(parent, exist_ok=True)
-        self.staging = os.path.join(parent, f".{name}.staging-{os.getpid()}")
-        if os.path.exists(self.staging):
-            shutil.rmtree(self.staging)
-        os.makedirs(self.staging)
-        header = dict(header)
-        if with_tensors:
-            os.makedirs(os.path.join(self.staging, "dump_tensor_data"))
-            header["dump_data_dir"] = os.path.join(rank_dir, "dump_tensor_data")
+        self.broken = False
         self.count = 0
-        head = "{\n" + "".join(f' {json.dumps(k)}: {json.dumps(header.get(k))},\n' for k in _HEADER_KEYS)
-        self.dump_path = os.path.join(rank_dir, "dump.json")
-        self.dump = self._create("dump.json", head.encode() + b' "data": {' + _FOOTER)
-        self.stack = self._create("stack.json", b"{}")
-        self.construct = self._create("construct.json", b"{}")
-
-    def _create(self, name, content):
-        f = open(os.path.join(self.staging, name), "w+b")
-        f.write(content)
-        f.flush()
-        return f
-
-    def activate(self, trash):
-        """Move into place, setting aside what an earlier run left there."""
-        if os.path.lexists(self.rank_dir):
-            aside = f"{self.staging}.old-{len(trash)}"
-            os.rename(self.rank_dir, aside)
-            trash.append(aside)
-        os.rename(self.staging, self.rank_dir)
-        self.staging = None
-
-    def append(self, entries):
-        self.count = append_entries(self.dump, self.count, entries)
-
-    def append_text(self, text, n):
-        """``n`` entries that ``encode_entries(self.count, ...)`` encoded."""
-        append_text(self.dump, text)
-        self.count += n
-
-    def recount(self):
-        """Entries dump.json holds on disk (after a helper process wrote some of them)."""
-        self.dump.seek(0)
-        self.count = len(json.loads(self.dump.read().decode())["data"])
-
-    def write_meta(self, stack_parts, construct_json):
-        """stack.json from ``StackTable.parts()``; construct.json from its dict."""
-        rewrite(self.stack, stack_text(stack_parts))
-        rewrite(self.construct, one_key_per_line(construct_json))
-
-    def close(self):
-        for f in (self.dump, self.stack, self.construct):
-            f.close()
-        if self.staging is not None:  # prepared but never used
-            shutil.rmtree(self.staging, ignore_errors=True)
-            if self.made_parent:
+        parent, name = os.path.split(rank_dir)
+        made_parent = not os.path.isdir(parent)
+        staging = os.path.join(parent, f".{name}.staging-{os.getpid()}")
+        try:
+            os.makedirs(parent, exist_ok=True)
+            if os.path.exists(staging):
+                shutil.rmtree(staging)
+            os.makedirs(staging)
+            header = dict(header)
+            if with_tensors:
+                os.makedirs(os.path.join(staging, "dump_tensor_data"))
+                header["dump_data_dir"] = os.path.join(rank_dir, "dump_tensor_data")
+            for file_name, text in (("dump.json", header_text({k: header.get(k) for k in _HEADER_KEYS})),
+                                    ("stack.json", b"{}"), ("construct.json", b"{}")):
+                with open(os.path.join(staging, file_name), "wb") as f:
+                    f.write(text)
+            if os.path.lexists(rank_dir):
+                aside = f"{staging}.old-{len(trash)}"
+                os.rename(rank_dir, aside)
+                trash.append(aside)
+            os.rename(staging, rank_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            if made_parent:   # no folder for a step whose files could not be made
                 try:
-                    os.rmdir(os.path.dirname(self.rank_dir))
+                    os.rmdir(parent)
                 except OSError:
                     pass
+            raise
+        self.dump_path = os.path.join(rank_dir, "dump.json")
+        self._fd = os.open(self.dump_path, os.O_RDWR)
+        self._size = os.fstat(self._fd).st_size
+        # stack.json, construct.json: [fd, what they hold]
+        self._meta = [[os.open(os.path.join(rank_dir, n), os.O_RDWR), b"{}"] for n in ("stack.json", "construct.json")]
+
+    def append(self, data, count):
+        """Write ``data`` (``count`` entries) over the closing braces, and the braces after
+        it; on failure the file is cut back to its previous content."""
+        if self.broken:
+            return
+        start = self._size - len(FOOTER)
+        try:
+            _write_all(self._fd, data + FOOTER, start)
+        except BaseException:
+            self.broken = True
+            try:   # the old size keeps the braces' blocks: rewriting them needs no new space
+                os.ftruncate(self._fd, self._size)
+                _write_all(self._fd, FOOTER, start)
+            except OSError:
+                pass
+            raise
+        self._size = start + len(data) + len(FOOTER)
+        self.count += count
+
+    def write_tensor(self, file_name, array):
+        if self.broken:
+            return
+        try:
+            _write_npy(os.path.join(self.rank_dir, "dump_tensor_data", file_name), array)
+        except BaseException:
+            self.broken = True
+            raise
+
+    def write_meta(self, stack_parts, construct):
+        """stack.json from ``StackTable.parts()``; construct.json from its dict."""
+        if self.broken:
+            return
+        try:
+            for meta, data in zip(self._meta, (stack_text(stack_parts), one_key_per_line(construct))):
+                if data != meta[1]:
+                    _rewrite(meta[0], data, meta[1])
+                    meta[1] = data
+        except BaseException:
+            self.broken = True
+            raise
+
+    def close(self):
+        os.close(self._fd)
+        for fd, _ in self._meta:
+            os.close(fd)
 
 
 class DumpWriter:
-    """Files of one dump run. Methods are called from the training thread.
-
-    Statistics entries are encoded by a helper process (``entry_process``) where one can
-    run, else by the training thread at flush points. At ``stop()`` the helper gets
-    stack.json and construct.json to write, and the few entries not yet handed over are
-    encoded here while it finishes: ``step()`` waits for no round of encoding in the
-    helper, and the writer thread does not compete with this one for the GIL.
-    """
-
-    use_helper_process = True   # False: encode entries in this process (tests compare both)
+    """Files of one dump run. Public methods are called from the training thread."""
 
     def __init__(self, task, level):
         self.header = {"task": task, "level": level, "framework": "pytorch", "dump_data_dir": None}
-        self._queue = queue.SimpleQueue()
+        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
         self._pid = _Process.pid
-        self._pending = []           # entries not yet written
-        self._direct = False         # entries written by the calling thread (see open_dir)
-        self._opened = threading.Event()   # set by the writer thread once the folder is in place
-        self._meta_written = threading.Event()   # set by the writer thread after the last "meta"
-        self._meta_written.set()
-        self._meta_sent = 0
-        self._helper = None          # EntryProcess; False once it failed or cannot run
-        self._helper_files = None    # the _StepFiles the helper appends to
-        self._unacked = False        # sent to the helper since its last acknowledgement
-        self._meta_unacked = None    # (stack parts, construct) the helper has not confirmed yet
-        self._sent = []              # entries the helper has not confirmed yet (written here if it dies)
-        self._sent_base = 0          # entries in its dump.json before them
-        self._flush_entries = _FLUSH_ENTRIES
-        self._step_entries = 0       # entries added since the folder was opened
-        self._early_flush_at = -1    # that count sends the batch before the expected tail
-        self.before_flush = None     # called before entries are encoded (async_dump)
-        self._current = None         # the open step folder (set by the writer thread)
+        self._pending: List[Tuple[str, dict]] = []   # entries not yet encoded
+        self.before_flush: Optional[Callable[[], None]] = None   # async_dump: fills in entries' numbers
         self._last_flush = time.monotonic()
         self._bytes = 0
         self._bytes_cv = threading.Condition()
-        self._error = None
+        self._said = LogOnce(log)
+        # Without tensor files ("direct"), the training thread itself makes the step's folder
+        # at its first write and writes entries and meta files at flush points: each
+        # hand-over to a thread costs a GIL round trip (~60 us idle, up to milliseconds on a
+        # loaded machine), more than these few writes.
+        self._direct = False
+        self._target: Optional[_Open] = None       # direct: the step folder to make at first write
+        self._trash: List[str] = []                # folders of earlier runs set aside
+        self._current: Optional[_StepFiles] = None   # the open step's files (None: could not be made)
+        self._opened = threading.Event()             # set by the writer thread once _Open is done
+        self._opened.set()
         self._thread = threading.Thread(target=self._run, name="probe-writer", daemon=True)
         self._thread.start()
 
@@ -182,30 +265,22 @@ class DumpWriter:
     def open_dir(self, rank_dir, with_tensors):
         """Start a fresh step/rank folder, replacing what an earlier run left there."""
         self._flush_pending()
-        # Without tensor files, entries leave from the training thread at flush points: to
-        # the helper process, or written here (handing small writes to a thread costs more
-        # in GIL hand-offs than the writes). With tensor files they go through the queue,
-        # behind the files they name.
+        self._wait_open()
+        if self._direct:
+            self._close_here()
         self._direct = not with_tensors
-        helper = self._direct and self._start_helper()
-        self._flush_entries = _HELPER_BATCH if helper else _FLUSH_ENTRIES
-        # A training loop's steps have the same entries: stop() then encodes only the last few
-        self._early_flush_at = self._step_entries - _HELPER_TAIL if helper else -1
-        self._step_entries = 0
-        self._opened.clear()
-        self._queue.put(("open", rank_dir, with_tensors))
-
-    def prepare_dir(self, rank_dir, with_tensors):
-        """Make the folder of a coming step ahead, off the training thread's path."""
-        self._queue.put(("prepare", rank_dir, with_tensors))
+        if self._direct:
+            self._target = _Open(rank_dir, with_tensors)
+        else:
+            self._opened.clear()
+            self._queue.put(_Open(rank_dir, with_tensors))
 
     def add_entry(self, name, body):
         if _Process.pid != self._pid:   # a forked child must not write into the parent's files
             return
-        self._pending.append((name, body))
-        self._step_entries += 1
-        if len(self._pending) >= self._flush_entries or self._step_entries == self._early_flush_at \
-                or time.monotonic() - self._last_flush > _FLUSH_SECONDS:
+        pending = self._pending
+        pending.append((name, body))
+        if len(pending) >= _FLUSH_ENTRIES or time.monotonic() - self._last_flush > _FLUSH_SECONDS:
             self._flush_pending()
 
     def add_tensor(self, file_name, array):
@@ -217,35 +292,29 @@ class DumpWriter:
             while self._bytes and self._bytes + size > _MAX_PENDING_BYTES:
                 self._bytes_cv.wait()
             self._bytes += size
-        self._queue.put(("tensor", file_name, array))
+        self._queue.put(_Tensor(file_name, array))
 
     def write_meta(self, stack_parts, construct_json):
-        """stack.json (``StackTable.parts()``) and construct.json: written by the helper
-        process in direct mode, else by the writer thread after the entries' tensor files;
-        ``sync`` waits for both."""
-        if self._direct and self._meta_to_helper(stack_parts, construct_json):
-            self._drain()
-            return
-        if not self._direct:
-            self._flush_pending()    # the entries' tensor files go ahead in the queue
-        self._meta_sent += 1
-        self._meta_written.clear()
-        self._queue.put(("meta", stack_parts, construct_json, self._meta_sent))
+        """stack.json (``StackTable.parts()``) and construct.json, after the entries so far."""
+        self._flush_pending()
         if self._direct:
-            self._drain()
+            self._write_here(lambda files: files.write_meta(stack_parts, construct_json))
+        else:
+            self._queue.put(_Meta(stack_parts, construct_json))
 
     def sync(self):
         """Block until everything is on disk."""
-        if self._direct:   # entries are written here or by the helper; the queue holds
-            self._drain()              # only folder work and stack.json / construct.json
-            self._wait_event(self._meta_written)
-        else:
-            self._flush_pending()
-            self._wait_queue()
+        self._flush_pending()
+        if self._direct:
+            if self._target is not None:   # a step that wrote nothing still gets its folder
+                self._write_here(lambda files: None)
+            return
+        done = threading.Event()
+        self._queue.put(_Sync(done))
+        self._wait_event(done)
 
     def _wait_open(self):
-        """Wait for the writer thread to have the current folder in place (a round trip
-        through the queue costs ~60 us of thread hand-offs; this is usually done already)."""
+        """Wait for the writer thread to have made the current folder (usually done already)."""
         self._wait_event(self._opened)
 
     def _wait_event(self, event):
@@ -253,225 +322,94 @@ class DumpWriter:
             if not self._thread.is_alive():
                 break
 
-    def _wait_queue(self):
-        done = threading.Event()
-        self._queue.put(("sync", done))
-        while not done.wait(0.5):
-            if not self._thread.is_alive():
-                break
-
     def _write_here(self, write):
+        """Direct mode: ``write(files)`` in this thread, the folder made at the first one."""
         try:
-            write(self._current)
+            target, self._target = self._target, None
+            if target is not None:
+                self._current = _StepFiles(target.rank_dir, self.header, target.with_tensors, self._trash)
+            if self._current is not None:
+                write(self._current)
         except Exception as exc:  # never into the training script
             self._report(exc)
 
+    def _close_here(self):
+        files, self._current, self._target = self._current, None, None
+        if files is not None:
+            files.close()
+
     def close(self):
         self.sync()
-        self._queue.put(("stop",))
+        if self._direct:
+            self._close_here()
+        self._queue.put(_Stop())
         self._thread.join(timeout=30)
-        if self._helper and _Process.pid == self._pid:
-            self._helper.close()
-        self._helper = False
 
-    # ---- the helper process ----------------------------------------------
-    def _start_helper(self):
-        if self._helper is None and self.use_helper_process:
-            self._helper = EntryProcess.start() or False
-        return bool(self._helper)
-
-    def _helper_target(self):
-        """The open step's files, the helper told to append to them; None where it cannot.
-        Raises EntryProcessError when the helper is gone."""
-        files = self._current
-        if not self._helper or files is None or _Process.pid != self._pid:
-            return None
-        if self._helper_files is not files:
-            self._helper.open(files.dump_path, files.count)
-            self._helper_files = files
-        return files
-
-    def _to_helper(self, entries):
-        """Hand entries to the helper process; False where this process must write them."""
-        try:
-            files = self._helper_target()
-            if files is None:
-                return False
-            if not self._sent:
-                self._sent_base = files.count
-            self._helper.send(entries)
-        except EntryProcessError as exc:
-            self._drop_helper(exc)
-            return False
-        except ValueError:   # a value marshal cannot carry: this batch is written here,
-            self._sync_helper()          # after the helper's, and the helper is told the new
-            self._helper_files = None    # count before its next batch
-            return False
-        files.count += len(entries)
-        self._sent.extend(entries)
-        self._unacked = True
-        return True
-
-    def _meta_to_helper(self, stack_parts, construct_json):
-        """Hand stack.json and construct.json to the helper; False where it cannot take them."""
-        self._wait_open()
-        try:
-            if self._helper_target() is None:
-                return False
-            self._helper.send_meta(stack_parts, construct_json)
-        except EntryProcessError as exc:
-            self._drop_helper(exc)
-            return False
-        except ValueError:   # marshal refuses a value: the writer thread writes them
-            return False
-        self._unacked = True
-        self._meta_unacked = (stack_parts, construct_json)
-        return True
-
-    def _sync_helper(self):
-        """Wait until the helper has written everything it was sent."""
-        if self._unacked and self._helper and _Process.pid == self._pid:
-            try:
-                self._helper.sync()
-            except EntryProcessError as exc:
-                self._drop_helper(exc)
-        self._acknowledged()
-
-    def _acknowledged(self):
-        self._unacked = False
-        self._meta_unacked = None
-        self._sent = []
-
-    def _drain(self):
-        """Direct mode: every entry so far onto disk. What is still pending is encoded here
-        while the helper finishes what it was sent (at the end of a step, the meta files),
-        and appended once it has: that overlaps the helper's round trip rather than adding to it."""
-        entries = self._take_pending()
-        if not entries and not self._unacked:
-            return
-        self._wait_open()
-        files = self._current
-        if entries and files is not None and self._helper and self._helper_files is files \
-                and _Process.pid == self._pid:
-            try:
-                self._helper.request_sync()
-                text = encode_entries(files.count, entries)
-                self._helper.wait_sync()
-            except EntryProcessError as exc:
-                self._drop_helper(exc)    # writes what it lost; these are written below
-            else:
-                self._acknowledged()
-                self._helper_files = None   # its count is behind now: re-opened before its next batch
-                self._write_here(lambda f: f.append_text(text, len(entries)))
-                return
-        self._sync_helper()
-        if entries:
-            self._write_here(lambda f: f.append(entries))
-
-    def _drop_helper(self, exc):
-        """Encode here from now on, counting what the helper got onto disk."""
-        logging.getLogger("probe").warning("probe: the dump's helper process failed (%s); "
-                                           "entries are encoded in the training process from now on", exc)
-        helper, self._helper = self._helper, False
-        self._flush_entries = _FLUSH_ENTRIES
-        self._early_flush_at = -1
-        try:
-            helper.close(timeout=2)
-        except Exception:   # already gone
-            pass
-        files, self._helper_files = self._helper_files, None
-        sent, meta = self._sent, self._meta_unacked
-        self._acknowledged()
-        if files is not None:
-            try:
-                files.recount()
-                # what it was sent but had not written when it died is written here
-                self._write_here(lambda _: files.append(sent[max(files.count - self._sent_base, 0):]))
-            except Exception as err:   # cut short mid-write: report, keep going
-                self._report(err)
-        if meta is not None:   # perhaps never written: the writer thread writes it
-            self._meta_sent += 1
-            self._meta_written.clear()
-            self._queue.put(("meta", *meta, self._meta_sent))
-
-    def _take_pending(self):
-        """The pending entries, complete (async_dump fills in their numbers here)."""
+    def _flush_pending(self):
         self._last_flush = time.monotonic()
         if not self._pending:
-            return []
+            return
         if self.before_flush is not None:
             try:
                 self.before_flush()
             except Exception as exc:
                 self._report(exc)
         entries, self._pending = self._pending, []
-        return entries
-
-    def _flush_pending(self):
-        entries = self._take_pending()
-        if not entries:
+        try:
+            data = encode_entries(1, entries)   # the first comma of a step is dropped when written
+        except Exception as exc:   # never into the training script
+            self._report(exc)
             return
         if self._direct:
-            self._wait_open()
-            if not self._to_helper(entries):
-                self._write_here(lambda files: files.append(entries))
+            self._write_here(lambda files: files.append(data if files.count else data[1:], len(entries)))
         else:
-            self._queue.put(("entries", entries))
+            self._queue.put(_Entries(data, len(entries)))
 
     def _report(self, exc):
-        if self._error is None:
-            self._error = exc
-            logging.getLogger("probe").error("probe: writing dump files failed: %s", exc)
+        self._said.error("write", "probe: writing dump files failed (%s: %s); training goes on, each dump.json "
+                        "keeps its last complete flush", type(exc).__name__, exc)
 
     # ---- writer thread ---------------------------------------------------
     def _run(self):
-        current = prepared = None
-        trash = []
+        trash = self._trash
         while True:
             item = self._queue.get()
-            kind = item[0]
+            kind = type(item)
             try:
-                if kind == "stop":
-                    for files in (current, prepared):
-                        if files is not None:
-                            files.close()
+                current = self._current
+                if kind is _Entries:
+                    if current is not None:
+                        # encoded as if entries came before; the step's first line has no comma
+                        data = item.data if current.count else item.data[1:]
+                        current.append(data, item.n)
+                elif kind is _Tensor:
+                    try:
+                        if current is not None:
+                            current.write_tensor(item.file_name, item.array)
+                    finally:
+                        with self._bytes_cv:
+                            self._bytes -= item.array.nbytes
+                            self._bytes_cv.notify_all()
+                elif kind is _Open:
+                    try:
+                        self._current = None
+                        if current is not None:
+                            current.close()
+                        self._current = _StepFiles(item.rank_dir, self.header, item.with_tensors, trash)
+                    finally:
+                        self._opened.set()
+                elif kind is _Meta:
+                    if current is not None:
+                        current.write_meta(item.stack_parts, item.construct)
+                elif kind is _Sync:
+                    item.done.set()
+                elif kind is _Stop:
+                    self._current = None
+                    if current is not None:
+                        current.close()
                     for path in trash:
                         shutil.rmtree(path, ignore_errors=True)
                     return
-                if kind == "sync":
-                    item[1].set()
-                elif kind == "open":
-                    try:
-                        rank_dir, with_tensors = item[1:]
-                        if current is not None:
-                            current.close()
-                        if prepared is not None and prepared.rank_dir == rank_dir:
-                            current, prepared = prepared, None
-                        else:
-                            current = _StepFiles(rank_dir, self.header, with_tensors)
-                        current.activate(trash)
-                        self._current = current
-                    finally:
-                        self._opened.set()
-                elif kind == "prepare":
-                    if prepared is not None:
-                        prepared.close()
-                    prepared = _StepFiles(item[1], self.header, item[2])
-                elif kind == "entries":
-                    current.append(item[1])
-                elif kind == "tensor":
-                    try:
-                        _write_npy(os.path.join(current.rank_dir, "dump_tensor_data", item[1]), item[2])
-                    finally:
-                        with self._bytes_cv:
-                            self._bytes -= item[2].nbytes
-                            self._bytes_cv.notify_all()
-                elif kind == "meta":
-                    try:
-                        current.write_meta(item[1], item[2])
-                    finally:
-                        if item[3] == self._meta_sent:   # not when a newer one is queued
-                            self._meta_written.set()
                 while trash and self._queue.empty():  # idle: clear what earlier runs left
                     shutil.rmtree(trash.pop(), ignore_errors=True)
             except Exception as exc:  # never kill the thread: report once, keep going

@@ -9,17 +9,20 @@
 * :mod:`~probe.forensics.backward_origin` — the forward API behind a backward that
   raises or yields NaN/Inf.
 
-Each feature plugs into a running :class:`~probe.PrecisionDebugger` from outside via
-its ``enable(debugger)``; :func:`attach` is the one call the debugger makes at start().
+A :class:`~probe.PrecisionDebugger` builds its handler chain at construction, with a
+:class:`~probe.forensics.hub.ForensicsHandler` (``debugger.forensics``) between the
+interceptor and the dump collector; :func:`configure` (called there) adds the features
+its config asks for. A user adds one with the feature's ``enable(debugger)``, which adds
+it to ``debugger.forensics``: the one composition point.
 """
 
 
-def attach(debugger):
+def configure(debugger):
     """Enable what a debugger's config asks for: crash dumps always, backward origin
     when ``backward_origin`` is set (it costs tens of microseconds per call), the meta
-    check for task ``meta_check``. Safe to call at every ``start()``."""
-    from probe.forensics import backward_origin, crash, hub, meta_check
-    h = hub.hub(debugger)
+    check for task ``meta_check``."""
+    from probe.forensics import backward_origin, crash, meta_check
+    h = debugger.forensics
     if h.get(crash.CrashDump) is None:
         crash.enable(debugger)
     if getattr(debugger.config, "backward_origin", False) and h.get(backward_origin.BackwardOrigin) is None:

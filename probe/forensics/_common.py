@@ -5,40 +5,28 @@ path that runs per call (frame walks keep code objects, formatting waits for a r
 and nothing here may raise into the user's code: callers wrap it and log once.
 """
 import json
-import logging
 import linecache
+import logging
 import os
 import sys
 import threading
 
 import torch
 
-log = logging.getLogger("probe")
+from probe import rank
+from probe.dump.stack import TORCH_OP_PLUMBING, is_plumbing
+from probe.log_once import LogOnce
 
-_PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-# torch frames that are dispatch plumbing, never the line that called the API
-_PLUMBING = tuple(_TORCH_DIR + p for p in (
-    "overrides.py", os.path.join("utils", "_python_dispatch.py"), os.path.join("utils", "_device.py"),
-    "_ops.py", "_library" + os.sep, os.path.join("autograd", "__init__.py"), "_tensor.py",
-    os.path.join("autograd", "graph.py")))
+log = logging.getLogger(__name__)
+
 _CALL_IMPL = torch.nn.Module._call_impl.__code__
 
-_failed = set()
-_failed_lock = threading.Lock()
-
-
-def log_once(key, msg, *args):
-    """Warn once per ``key``: a broken feature must not flood a training log."""
-    with _failed_lock:
-        if key in _failed:
-            return
-        _failed.add(key)
-    log.warning(msg, *args)
+# Warn once per key, for the whole process: a broken feature must not flood a training log.
+log_once = LogOnce(log).warning
 
 
 def _is_plumbing(filename):
-    return filename.startswith(_PROBE_DIR) or filename.startswith(_PLUMBING)
+    return is_plumbing(filename, TORCH_OP_PLUMBING)
 
 
 def capture(skip=1):
@@ -160,8 +148,4 @@ def summary(t):
     return {"Max": mx, "Min": mn, "Mean": float(w.mean()), "Norm": float(torch.linalg.vector_norm(w))}
 
 
-def current_rank():
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return None
+current_rank = rank.current_rank   # the features' name for it

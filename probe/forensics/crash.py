@@ -29,8 +29,16 @@ import traceback
 import torch
 
 from probe.forensics import hub as _hub
-from probe.forensics._common import (cpu_copy, current_rank, describe_tensor, format_frames, log,
-                                     module_path, summary, write_json)
+from probe.forensics._common import (
+    cpu_copy,
+    current_rank,
+    describe_tensor,
+    format_frames,
+    log,
+    module_path,
+    summary,
+    write_json,
+)
 
 MAX_DUMPS = 20          # per process: a loop that catches an API's error must not fill the disk
 

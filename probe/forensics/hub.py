@@ -11,16 +11,19 @@ registry, yet they are where kernels crash and meta functions disagree. While a
 feature is on, they reach the features as ``Custom.{namespace}.{op}[.{overload}]``;
 they are not handed to the collector, so dump.json is the same as without forensics.
 
-Wiring (the only code that knows the debugger's attribute names) is :func:`hub`.
+Composition: ``PrecisionDebugger`` builds its chain once, at construction: the
+interceptor (registered APIs, and custom ops through :func:`with_custom_ops`) calls
+``debugger.forensics`` (a :class:`ForensicsHandler`), which calls the dump collector
+(filter and entries). Features join ``debugger.forensics`` through their ``enable``;
+nothing is swapped or patched later.
 """
 import threading
 
 import torch
 
 from probe.forensics._common import capture, log_once
+from probe.hook_module.own_work import no_function_mode
 from probe.hook_module.registry import FuncNames
-
-_no_function_mode = torch._C.DisableTorchFunction
 
 CUSTOM_PREFIX = "Custom."
 # Namespaces of ops that ship with torch: the registry covers them where it wants them.
@@ -161,7 +164,7 @@ class ForensicsHandler:
             # feature loop unless the API raises.
             feature = features[0]
             try:
-                with _no_function_mode():     # unseen by the user's own modes
+                with no_function_mode():     # unseen by the user's own modes
                     state = feature.before_fast(args)
             except Exception:
                 state = None
@@ -218,99 +221,16 @@ class Feature:
         pass
 
 
-# ---- wiring into a PrecisionDebugger ---------------------------------------------------
-def install_on(interceptor, namer=None):
-    """Wrap ``interceptor.handler`` (once) and let it see custom ops; returns the wrapper."""
-    h = interceptor.handler
-    if not getattr(h, "_probe_forensics", False):
-        h = ForensicsHandler(h, namer)
-        interceptor.handler = h
-    resolved = interceptor.resolved
+# ---- composition ---------------------------------------------------------------------
+def with_custom_ops(resolved):
+    """``resolved`` (a registry from ``registry.resolve``) whose ``by_func`` also names
+    custom ops; done before an Interceptor is made from it, so its mode sees the table."""
     if not isinstance(resolved.by_func, WithCustomOps):
         resolved.by_func = WithCustomOps(resolved.by_func)
-    mode = getattr(interceptor, "_mode", None)
-    if mode is not None and not isinstance(getattr(mode, "_by_func", None), WithCustomOps):
-        mode._by_func = resolved.by_func   # already started: its mode kept the old table
-    return h
+    return resolved
 
 
 def hub(debugger):
-    """The debugger's ForensicsHandler, wired in now or right after its first ``start()``.
-
-    Returns a :class:`Hub` whose ``add(feature)`` works in both cases.
-    """
-    h = getattr(debugger, "_probe_forensics_hub", None)
-    if h is None:
-        h = Hub(debugger)
-        debugger._probe_forensics_hub = h
-    h.attach()
-    return h
-
-
-class Hub:
-    """Features enabled on one debugger; they are handed to its handler when it exists."""
-
-    def __init__(self, debugger):
-        self.debugger = debugger
-        self.namer = Namer(debugger)
-        self.handler = None
-        self.pending = []
-        self._start_wrapped = False
-
-    def attach(self):
-        d = self.debugger
-        interceptor = getattr(d, "_interceptor", None)
-        if interceptor is None:
-            self._wrap_start()
-            return None
-        h = install_on(interceptor, self.namer)
-        if h is not self.handler:
-            self.handler = h
-            for f in self.pending:
-                h.add(f)
-            self.pending = []
-        return h
-
-    def add(self, feature):
-        if self.handler is not None:
-            return self.handler.add(feature)
-        for f in self.pending:
-            if type(f) is type(feature):
-                return f
-        self.pending.append(feature)
-        return feature
-
-    def get(self, cls):
-        if self.handler is not None:
-            return self.handler.get(cls)
-        return next((f for f in self.pending if isinstance(f, cls)), None)
-
-    def remove(self, cls):
-        self.pending = [f for f in self.pending if not isinstance(f, cls)]
-        if self.handler is not None:
-            self.handler.remove(cls)
-
-    def _wrap_start(self):
-        # The interceptor is made by the first start(): hook in right after it.
-        if self._start_wrapped:
-            return
-        d = self.debugger
-        original = d.start
-        hub_ref = self
-
-        def start(*args, **kwargs):
-            result = original(*args, **kwargs)
-            if getattr(d, "_interceptor", None) is not None:
-                try:
-                    del d.start          # back to the class's method
-                except AttributeError:
-                    pass
-                hub_ref._start_wrapped = False
-                try:
-                    hub_ref.attach()
-                except Exception as exc:
-                    log_once("hub-attach", "probe: forensics could not attach (%s: %s)", type(exc).__name__, exc)
-            return result
-
-        d.start = start
-        self._start_wrapped = True
+    """The debugger's :class:`ForensicsHandler` (``debugger.forensics``), built with the
+    debugger: features are added to it with ``add``, before or after ``start()``."""
+    return debugger.forensics

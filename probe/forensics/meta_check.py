@@ -322,8 +322,7 @@ def run_script(path, argv=(), out="meta_check.json", wrap_ops_yaml=None, check_s
     from probe.hook_module.registry import load_registry, resolve
 
     checker = MetaChecker(_passthrough, lambda: out, check_stride=check_stride)
-    interceptor = Interceptor(resolve(load_registry(wrap_ops_yaml)), checker)
-    _hub.install_on(interceptor, checker.namer)
+    interceptor = Interceptor(_hub.with_custom_ops(resolve(load_registry(wrap_ops_yaml))), checker)
     old_argv = sys.argv
     sys.argv = [path] + list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))

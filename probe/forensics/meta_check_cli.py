@@ -7,10 +7,12 @@ import argparse
 import sys
 import traceback
 
+from probe.cli_options import add_output_option, add_registry_option
+
 
 def add_arguments(parser):
-    parser.add_argument("-o", "--output", default="meta_check.json", help="report path (default ./meta_check.json)")
-    parser.add_argument("--wrap-ops-yaml", default=None, help="API registry to use (default: the packaged one)")
+    add_output_option(parser, default="meta_check.json", help="report path")
+    add_registry_option(parser)
     parser.add_argument("--no-stride", action="store_true", help="compare dtype and shape only")
     parser.add_argument("script", help="the Python script to run")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")

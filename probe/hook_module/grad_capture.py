@@ -23,11 +23,11 @@ import threading
 import torch
 
 from probe.hook_module.interceptor import state as _state
+from probe.hook_module.own_work import no_function_mode
 
-log = logging.getLogger("probe")
+log = logging.getLogger(__name__)
 _MAX_NODES = 256          # a walk that goes further has left the call's own subgraph
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
-_no_function_mode = torch._C.DisableTorchFunction
 _reported = set()
 
 
@@ -38,7 +38,7 @@ class _quiet:
     __slots__ = ("_mode",)
 
     def __enter__(self):
-        self._mode = _no_function_mode()
+        self._mode = no_function_mode()
         self._mode.__enter__()
         _state.depth += 1
 
@@ -314,8 +314,8 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
         fn.register_prehook(pre_hook)
 
     for node, links in boundary.items():
-        def post_hook(grad_inputs, grad_outputs, links=links, outs=out_nodes.get(node),
-                      cuts=view_cuts.get(node, ())):
+        def post_hook(grad_inputs, grad_outputs, links=links, outs=out_nodes.get(node),  # noqa: B008
+                      cuts=view_cuts.get(node, ())):  # noqa: B008  (bound once: the hook runs per gradient)
             with _quiet():
                 ensure_finish_queued()
                 if outs is not None:

@@ -180,3 +180,8 @@ def resolve(registry):
     for func, full in out.operators.itself.items():
         out.by_func.setdefault(func, full)
     return out
+
+
+# Public names of the lookups other stages share (precheck resolves an entry's API with them).
+section_owner = _section_owner
+lookup = _lookup

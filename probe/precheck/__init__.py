@@ -10,7 +10,7 @@ _EXPORTS = {
     "run_ut": "probe.precheck.runner",
     "RunUtResult": "probe.precheck.runner",
     "find_overflow": "probe.precheck.overflow",
-    "OverflowCollector": "probe.precheck.overflow_dump",
+    "OverflowCollector": "probe.dump.overflow",
 }
 
 

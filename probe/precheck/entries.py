@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from probe.hook_module.registry import SECTION_PREFIX, _lookup, _section_owner
+from probe.hook_module.registry import SECTION_PREFIX, lookup, section_owner
 
 _PREFIX_SECTION = {prefix: section for section, prefix in SECTION_PREFIX.items()}
 _NAME_RE = re.compile(r"^(?P<prefix>[A-Za-z]+)\.(?P<api>.+)\.(?P<n>\d+)\.(?P<phase>forward|backward)$")
@@ -130,10 +130,10 @@ def resolve_api(entry: EntryName):
     if key in _cache:
         return _cache[key]
     section = _PREFIX_SECTION[entry.prefix]
-    owner = _section_owner(section)
+    owner = section_owner(section)
     if owner is None:
         raise LookupError(f"section {section!r} is not available here (package not installed)")
-    func = _lookup(owner, entry.api)
+    func = lookup(owner, entry.api)
     if func is None or not callable(func):
         raise LookupError(f"{key} does not exist in this torch ({_torch_version()})")
     _cache[key] = func

@@ -145,19 +145,6 @@ def _num(v):
         return None
 
 
-def map_tensors(value, fn):
-    """``value`` with every tensor replaced by ``fn(tensor)``, structure kept."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, list):
-        return [map_tensors(v, fn) for v in value]
-    if isinstance(value, tuple):
-        return tuple(map_tensors(v, fn) for v in value)
-    if isinstance(value, dict):
-        return {k: map_tensors(v, fn) for k, v in value.items()}
-    return value
-
-
 # One slot per argument, as the dump numbers backward outputs.
 flat_tensors = grad_capture.input_slots
 

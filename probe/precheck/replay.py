@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from probe.precheck.inputs import flat_outputs, flat_tensors, map_tensors
+from probe.precheck.inputs import flat_outputs, flat_tensors
+from probe.tensor_tree import map_tensors
 
 _LOW = (torch.float16, torch.bfloat16)
 _RANK = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.float64: 3}
@@ -78,7 +79,7 @@ class Replayer:
         def conv(t):
             t = t.to(self.device)
             return t.clone() if clone else t
-        return map_tensors(value, conv)
+        return map_tensors(conv, value)
 
     def _golden_args(self, value, clone, device):
         def conv(t):
@@ -86,7 +87,7 @@ class Replayer:
             if t.dtype.is_floating_point:
                 return t.to(torch.float64)
             return t.clone() if clone else t
-        value = map_tensors(value, conv)
+        value = map_tensors(conv, value)
         return _float_dtype_args(value)
 
     # ---- forward -----------------------------------------------------------------------
@@ -116,8 +117,8 @@ class Replayer:
         # No kernel for fp16/bf16 here: compute in float32, round the outputs back.
         up = lambda t: t.to(torch.float32) if t.dtype in _LOW else t       # noqa: E731
         try:
-            a = map_tensors(self._bench_args(args, api.inplace), up)
-            k = map_tensors(self._bench_args(kwargs, api.inplace), up)
+            a = map_tensors(up, self._bench_args(args, api.inplace))
+            k = map_tensors(up, self._bench_args(kwargs, api.inplace))
             out = [_to_cpu(o) for o in flat_outputs(self._call(func, a, k, None))]
         except Exception as exc:            # noqa: BLE001
             return Run(error=f"{type(exc).__name__}: {_short(exc)}")
@@ -166,8 +167,8 @@ class Replayer:
             if not leaves:
                 return Run(error="no floating input to take a gradient for")
             if api.inplace:              # a leaf cannot be updated in place: feed a copy
-                a = map_tensors(a, lambda t: t.clone() if t.requires_grad else t)
-                k = map_tensors(k, lambda t: t.clone() if t.requires_grad else t)
+                a = map_tensors(lambda t: t.clone() if t.requires_grad else t, a)
+                k = map_tensors(lambda t: t.clone() if t.requires_grad else t, k)
             ctx = torch.autocast(self.device.split(":")[0], dtype=amp) if amp is not None \
                 else contextlib.nullcontext()
             with torch.enable_grad(), ctx:

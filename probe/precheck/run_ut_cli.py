@@ -2,15 +2,15 @@
 
 Exit status: 0 when no API is an error, 1 when some are, 2 on bad input.
 """
+from probe.cli_options import add_device_option, add_output_option
 
 
 def add_arguments(parser):
     parser.add_argument("-i", "--input", "--api_info", dest="input", required=True,
                         help="dump.json of a tensor (or statistics) dump, or its rank folder")
-    parser.add_argument("-o", "--out", dest="out", default=".",
+    add_output_option(parser, dest="out", default=".",
                         help="folder for accuracy_checking_result/details_{ts}.csv (default .)")
-    parser.add_argument("--device", "-d", default="cpu",
-                        help="bench device: cpu, cuda[:N] or npu[:N] (default cpu)")
+    add_device_option(parser, help="bench device")
     parser.add_argument("--white-list", "--white_list", nargs="+", default=None, metavar="API",
                         help="check only these APIs (linear, Functional.linear, Functional.linear.0)")
     parser.add_argument("--black-list", "--black_list", nargs="+", default=None, metavar="API",
@@ -24,8 +24,6 @@ def add_arguments(parser):
 
 def run(args) -> int:
     from probe.precheck import run_ut
-    if not (args.device == "cpu" or args.device.split(":")[0] in ("cuda", "npu")):
-        raise ValueError(f"--device must be cpu, cuda[:N] or npu[:N], got {args.device!r}")
     result = run_ut(args.input, out_dir=args.out, device=args.device, white_list=args.white_list,
                     black_list=args.black_list, resume=args.resume,
                     progress=False if args.no_progress else None,

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 
 from probe.compare.reader import DumpMeta, read_dump
 from probe.precheck.entries import DROPOUT_ARGS, EntryName, parse_name, resolve_api
-from probe.precheck.inputs import Loader, Unrebuildable, flat_outputs, flat_tensors, \
-    is_tensor_desc, torch_dtype
+from probe.precheck.inputs import Loader, Unrebuildable, flat_outputs, flat_tensors, is_tensor_desc, torch_dtype
 from probe.precheck.judge import TensorResult, judge_dropout, judge_leaf
 from probe.precheck.replay import Replayer
 
@@ -395,7 +394,7 @@ def _run_ut(dump_json, out_dir, device, white_list, black_list, resume, progress
     with open(result_csv, "a", newline="", encoding="utf-8") as rfh, \
             open(details_csv, "a", newline="", encoding="utf-8") as dfh:
         rw, dw = csv.writer(rfh), csv.writer(dfh)
-        for base, slot in tqdm(todo, desc="run_ut", unit="api", disable=progress is False if progress
+        for _base, slot in tqdm(todo, desc="run_ut", unit="api", disable=progress is False if progress
                                is not None else None, leave=False):
             res = check_api(checker, slot)
             apis.append(res)

@@ -57,6 +57,7 @@ def apply_feature(ops, feature, condition_func=None, **options):
     if ops is None or (not isinstance(ops, str) and not list(ops)):
         raise ValueError("apply_feature needs at least one API name")
     import re
+
     from probe.toolbox.options import parse_list
     exact = [f"^{re.escape(op)}$" for op in parse_list(ops)]  # a name here means that API only
     tool = __getattr__(cls_name)(ops=exact, condition_func=condition_func, **options)

@@ -16,9 +16,11 @@ from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import Interceptor, guard
 from probe.hook_module.operators import unpatched
 from probe.hook_module.registry import load_registry, resolve
+from probe.log_once import LogOnce
+from probe.tensor_tree import flat_tensors, map_tensors  # noqa: F401  (the tools' names)
 from probe.toolbox import options
 
-log = logging.getLogger("probe")
+log = logging.getLogger(__name__)
 
 _RESOLVED = {}  # yaml path -> ResolvedRegistry (resolving walks ~1,500 names: once per process)
 
@@ -119,7 +121,7 @@ class ToolBase:
             "probe_toolbox_results", f"{self.feature}_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}")
         self.counters = {}
         self._interceptor = None
-        self._failed = set()
+        self._failed = LogOnce(log)
 
     # ---- lifecycle -------------------------------------------------------------
     @property
@@ -179,9 +181,7 @@ class ToolBase:
 
     def fail(self, name, exc, what=None):
         """Log a tool failure once per API; the caller carries on with the real result."""
-        if name not in self._failed:
-            self._failed.add(name)
-            log.warning("probe %s: %s failed (%s: %s)%s", self.feature, name, type(exc).__name__,
+        self._failed.warning(name, "probe %s: %s failed (%s: %s)%s", self.feature, name, type(exc).__name__,
                         exc, f"; {what}" if what else "; the API's result is unaffected")
 
     def path(self, *parts):
@@ -191,35 +191,6 @@ class ToolBase:
 
 
 # ---- tensor trees --------------------------------------------------------------------
-def map_tensors(fn, value):
-    """``value`` with every tensor inside lists / tuples / dicts replaced by ``fn(tensor)``."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
-        mapped = [map_tensors(fn, v) for v in value]
-        if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple (torch.return_types)
-            return type(value)(*mapped)
-        return type(value)(mapped) if isinstance(value, tuple) else mapped
-    if isinstance(value, dict):
-        return {k: map_tensors(fn, v) for k, v in value.items()}
-    return value
-
-
-def flat_tensors(value, out=None):
-    """Every tensor inside ``value``, depth first, in argument order."""
-    if out is None:
-        out = []
-    if isinstance(value, torch.Tensor):
-        out.append(value)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            flat_tensors(v, out)
-    elif isinstance(value, dict):
-        for v in value.values():
-            flat_tensors(v, out)
-    return out
-
-
 flat_outputs = grad_capture.output_slots   # outputs as grad_capture numbers them
 
 

@@ -12,17 +12,13 @@ import re
 
 import torch
 
-# Per-dtype defaults (atol, rtol). Errors are measured against a float64/float32 golden
-# computed from the *same* inputs, so they are this API's own error: a few roundings of the
-# output dtype (half spacing at 1.0: bf16 2^-8 ~ 3.9e-3, fp16 2^-11 ~ 4.9e-4, fp32 2^-24),
-# widened for fp32 where reductions summed in another order differ by ~sqrt(K) roundings.
-# The relative part is taken against max(|golden|, RMS(golden)): an element that is small
-# through cancellation carries the absolute error of the tensor's scale.
+from probe.tolerances import TOLERANCES
+
+# Per-dtype defaults (atol, rtol), from the one table (``probe.tolerances``). Errors are
+# measured against a float64/float32 golden computed from the *same* inputs, so they are
+# this API's own error; the relative part is taken against max(|golden|, RMS(golden)).
 DEFAULT_TOLERANCE = {
-    torch.bfloat16: (1e-5, 1.6e-2),
-    torch.float16: (1e-5, 2e-3),
-    torch.float32: (1e-6, 1e-4),
-    torch.float64: (1e-12, 1e-9),
+    getattr(torch, name): (tol.atol, tol.rtol) for name, tol in TOLERANCES.items()
 }
 _DTYPE_ENV = {torch.bfloat16: "BFLOAT16", torch.float16: "FLOAT16",
               torch.float32: "FLOAT32", torch.float64: "FLOAT64"}

@@ -5,21 +5,24 @@ Exit status: 0 when every check passed (or only timing was asked), 1 when a chec
 """
 import os
 
+from probe.cli_options import add_device_option, add_registry_option
+
 
 def add_arguments(parser):
     parser.add_argument("dir", help="an OpCapture output folder (or autocompare's failed/ folder)")
-    parser.add_argument("--device", default="cpu", help="device to replay on: cpu, cuda, cuda:1, npu (default cpu)")
+    add_device_option(parser, help="device to replay on")
     parser.add_argument("--times", type=int, default=1, help="timed runs per call, after one warm-up (default 1)")
     parser.add_argument("--forward-only", action="store_true", help="skip the backward replay")
     parser.add_argument("--check", action="store_true", help="accuracy: vs saved outputs/grads and a CPU golden")
     parser.add_argument("--time", action="store_true", help="time forward and backward")
     parser.add_argument("--ops", default=None, help="comma-separated API names or regexes to replay")
-    parser.add_argument("--yaml", default=None, help="API registry (default: the packaged one)")
+    add_registry_option(parser)
     parser.add_argument("--verbose", action="store_true", help="print every check, not only failures")
 
 
 def run(args):
     import torch
+
     from probe.toolbox.base import NameFilter
     from probe.toolbox.options import parse_list
     from probe.toolbox.replay import Replayer, find_calls
@@ -39,7 +42,7 @@ def run(args):
         raise ValueError(f"no captured calls (meta.json) under {args.dir}")
     flt = NameFilter(parse_list(args.ops), None, default_exclude=frozenset()) if args.ops else None
     rp = Replayer(device=args.device, times=args.times, forward_only=args.forward_only,
-                  check=check, timing=args.time, yaml_path=args.yaml)
+                  check=check, timing=args.time, yaml_path=args.wrap_ops_yaml)
     failed = 0
     print(f"{'call':<40} {'status':<8} {'fwd ms':>9} {'bwd ms':>9}  details")
     import json

@@ -24,10 +24,12 @@ import os
 import torch
 
 from probe.dump.collector import ApiCollector
+from probe.dump.entry_builder import EntryBuilder
+from probe.dump.records import BackwardEntry, ForwardEntry
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import guard
 
-log = logging.getLogger("probe")
+log = logging.getLogger(__name__)
 
 
 def _nonfinite(tensors) -> bool:
@@ -58,8 +60,8 @@ class OverflowCollector(ApiCollector):
     """Interceptor handler for ``overflow_check``; dumps overflow origins with their tensors."""
 
     def __init__(self, config, writer, overflow_nums: int | None = None):
-        super().__init__(config, writer)
-        self.save_tensors = True           # "full detail": every tensor of a kept call
+        # "full detail": every tensor of a kept call is saved
+        super().__init__(config, writer, EntryBuilder(config, writer, save_tensors=True))
         n = getattr(config, "overflow_nums", 1) if overflow_nums is None else overflow_nums
         self.overflow_nums = int(n)
         self.found = []                    # entry names dumped, in order
@@ -84,7 +86,7 @@ class OverflowCollector(ApiCollector):
             if flt.backward and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
                 grad = (grad_capture.edges_before(inputs), len(inputs))
         except Exception as exc:  # never disturb the user's call
-            self._fail(name, exc)
+            self.entries.fail(name, exc)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
         try:
@@ -96,7 +98,7 @@ class OverflowCollector(ApiCollector):
                 grad_capture.hook_call(grad[0], outputs, grad[1], self._keep_grad,
                                        self._on_backward(base, dirty_in))
         except Exception as exc:
-            self._fail(name, exc)
+            self.entries.fail(name, exc)
         return out
 
     # ---- forward ------------------------------------------------------------------------
@@ -105,14 +107,13 @@ class OverflowCollector(ApiCollector):
             return
         fwd = base + ".forward"
         flt = self.filter
-        summaries = self._summaries()
-        entry = {}
+        entries = self.entries
+        summaries = entries.summaries()
+        entry = ForwardEntry()
         if flt.inputs:
-            entry["input_args"] = [self._describe(a, summaries, f"{fwd}.input.{i}") for i, a in enumerate(args)]
-            entry["input_kwargs"] = {k: self._describe(v, summaries, f"{fwd}.{k}") for k, v in kwargs.items()}
+            entries.inputs(entry, fwd, args, kwargs, summaries)
         if flt.outputs:
-            outs = out if isinstance(out, (tuple, list)) else [out]
-            entry["output"] = [self._describe(o, summaries, f"{fwd}.output.{i}") for i, o in enumerate(outs)]
+            entries.outputs(entry, fwd, out, summaries)
         summaries.resolve()
         self.stacks.capture(fwd, getattr(func, "__code__", None))
         self._keep(fwd, entry)
@@ -133,25 +134,20 @@ class OverflowCollector(ApiCollector):
                 with guard():
                     if _nonfinite(out_grads) or not _nonfinite(in_grads):
                         return
-                    summaries = self._summaries()
-                    entry = {}
+                    describe = self.entries.describe
+                    summaries = self.entries.summaries()
+                    entry = BackwardEntry()
                     if self.filter.inputs:
-                        entry["input"] = [self._describe(g, summaries, f"{bwd}.input.{i}")
-                                          for i, g in enumerate(out_grads)]
+                        entry.input = [describe(g, summaries, f"{bwd}.input.{i}") for i, g in enumerate(out_grads)]
                     if self.filter.outputs:
-                        entry["output"] = [self._describe(g, summaries, f"{bwd}.output.{i}")
-                                           for i, g in enumerate(in_grads)]
+                        entry.output = [describe(g, summaries, f"{bwd}.output.{i}") for i, g in enumerate(in_grads)]
                     summaries.resolve()
                     self._keep(bwd, entry)
             except Exception as exc:
-                self._fail(base.rsplit(".", 1)[0], exc)
+                self.entries.fail(base.rsplit(".", 1)[0], exc)
         return on_done
 
     # ---- shared -------------------------------------------------------------------------
-    def _summaries(self):
-        from probe.dump.collector import _Summaries
-        return _Summaries(self.cache)
-
     def _keep(self, name, entry):
         self.writer.add_entry(name, entry)
         self.found.append(name)

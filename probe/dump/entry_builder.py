@@ -1,0 +1,226 @@
+"""The one entry builder: every dumper (APIs, modules, kernels, overflow) makes its
+dump.json entries here, so an entry means the same whichever hook saw the call.
+
+An :class:`EntryBuilder` turns a call's values into their JSON form (tensor summaries,
+tensor files for task ``tensor``), fills the records of ``records.py``, summarises
+gradients inside the backward pass, and logs a dumper's failure once per API. It holds
+what a dump step shares: the summary cache, the stack table, the writer.
+"""
+import logging
+
+import torch
+
+from probe.dump import stats
+from probe.dump.records import BackwardEntry, ForwardEntry, describe_value
+from probe.dump.stack import StackTable
+from probe.hook_module.interceptor import guard
+from probe.hook_module.own_work import no_function_mode
+from probe.log_once import LogOnce
+
+log = logging.getLogger(__name__)
+
+
+class Summaries:
+    """Tensor summary dicts of one call, filled in with a single host fetch.
+
+    With ``async_dump`` (``cache.deferred`` is a list) the fetch of accelerator tensors'
+    reductions waits for the next flush of dump.json, where every pending call is
+    fetched in one transfer: no host sync per call at all.
+    """
+    __slots__ = ("cache", "todo")
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.todo = []  # (summary dict, tensor or None, reductions)
+
+    def add(self, t, summary):
+        hit = self.cache.lookup(t)
+        if hit is None:
+            r = stats.reductions(t)
+            if type(r) is not tuple or self.cache.defer_on_cpu:   # waits for one fetch
+                self.todo.append((summary, t, r))
+                return
+            hit = r                    # summarised on the spot (a CPU float tensor)
+            self.cache.store(t, r)
+        summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = hit
+
+    def resolve(self):
+        if not self.todo:
+            return
+        deferred = self.cache.deferred
+        if deferred is not None and (self.cache.defer_on_cpu or not _all_on_cpu(self.todo)):
+            # keep the small reduction results, not the tensors themselves
+            deferred.extend((summary, None, r) for summary, _, r in self.todo)
+            self.todo = []
+            return
+        values = stats.fetch([r for _, _, r in self.todo])
+        for (summary, t, _), v in zip(self.todo, values):
+            summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = v
+            if t is not None:
+                self.cache.store(t, v)
+        self.todo = []
+
+
+def _all_on_cpu(todo):
+    for _, _, r in todo:
+        if type(r) is stats.Pending and r.parts[0].device.type != "cpu":
+            return False
+    return True
+
+
+def any_pending(grads):
+    """True when a gradient summary still waits for its numbers (``grad_seen``)."""
+    for g in grads:
+        if g is not None and "_pending" in g:
+            return True
+    return False
+
+
+class EntryBuilder:
+    """Builds the entries of one dump run; shared by every dumper of a debugger."""
+
+    # Gradients' statistics are fetched once per backward entry on an accelerator;
+    # True forces that path on the CPU too (the tests use it).
+    defer_grad_fetch = False
+
+    def __init__(self, config, writer, save_tensors=None):
+        self.writer = writer
+        self.md5 = config.summary_mode == "md5"
+        self.save_tensors = config.task == "tensor" if save_tensors is None else save_tensors
+        self.stacks = StackTable()
+        self.cache = stats.SummaryCache()
+        if config.async_dump:
+            self.cache.deferred = []
+            writer.before_flush = self.fetch_deferred
+        self._said = LogOnce(log)
+
+    def reset_step(self):
+        self.stacks.clear()
+        self.cache.clear()
+
+    def fail(self, name, exc):
+        """A dumper's failure on ``name``: said once per API, the call unaffected."""
+        self._said.warning(name, "probe: dumping %s failed (%s: %s); the API's result is unaffected",
+                        name, type(exc).__name__, exc)
+
+    # ---- forward ------------------------------------------------------------
+    def summaries(self, cache=None):
+        return Summaries(self.cache if cache is None else cache)
+
+    def inputs(self, entry, fwd, args, kwargs, summaries):
+        """Fill ``entry``'s input_args/input_kwargs; files are named only where written."""
+        save = self.save_tensors
+        describe = self.describe
+        entry.input_args = [describe(a, summaries, save and f"{fwd}.input.{i}") for i, a in enumerate(args)]
+        entry.input_kwargs = {k: describe(v, summaries, save and f"{fwd}.{k}") for k, v in kwargs.items()}
+
+    def outputs(self, entry, fwd, out, summaries):
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        save = self.save_tensors
+        describe = self.describe
+        entry.output = [describe(o, summaries, save and f"{fwd}.output.{i}") for i, o in enumerate(outs)]
+
+    def forward_entry(self):
+        return ForwardEntry()
+
+    def summary(self, t, summaries):
+        s = summaries.cache.summary(t)
+        if s is None:
+            s = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape),
+                 "Max": None, "Min": None, "Mean": None, "Norm": None,
+                 "requires_grad": t.requires_grad}
+            summaries.add(t, s)
+        if self.md5:
+            s["md5"] = stats.crc32(t)
+        return s
+
+    def describe(self, v, summaries, file_stem=None):
+        """``v``'s dump.json form; ``file_stem`` names its tensor files (task tensor; a
+        false value where no file is written, so the hot path builds no names)."""
+        if isinstance(v, torch.Tensor):
+            s = self.summary(v, summaries)
+            if self.save_tensors and file_stem:
+                s["data_name"] = self.save(v, file_stem)
+            return s
+        if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
+            return [self.describe(x, summaries, file_stem and f"{file_stem}.{i}") for i, x in enumerate(v)]
+        if isinstance(v, dict):
+            return {k: self.describe(x, summaries, file_stem and f"{file_stem}.{k}") for k, x in v.items()}
+        return describe_value(v)
+
+    def save(self, t, file_stem):
+        name = file_stem + ".npy"
+        self.writer.add_tensor(name, stats.host_copy(t))
+        return name
+
+    def fetch_deferred(self):
+        """async_dump: fill every summary waiting for its numbers, in one host transfer."""
+        pending, self.cache.deferred[:] = list(self.cache.deferred), []
+        if pending:
+            with guard(), no_function_mode():
+                values = stats.fetch([r for _, _, r in pending])
+            for (summary, _, _), v in zip(pending, values):
+                summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = v
+
+    # ---- backward -----------------------------------------------------------
+    def grad_seen(self, g):
+        """Summarise a gradient inside the backward pass, before autograd reuses its buffer.
+
+        On an accelerator the reductions start now but are fetched with the rest of the
+        entry's (``resolve_grads``): one host transfer per backward entry.
+        """
+        with no_function_mode():   # in a backward hook the function mode is live
+            if not (self.md5 or self.save_tensors):
+                s = self.cache.summary(g)   # a plain CPU tensor: the whole dict in one call
+                if s is not None:
+                    return s
+        with guard(), no_function_mode():
+            summaries = Summaries(self.cache)
+            s = self.summary(g, summaries)
+            if not summaries.todo or (g.device.type == "cpu" and not self.defer_grad_fetch):
+                summaries.resolve()
+            else:
+                s["_pending"] = summaries
+            if self.save_tensors:
+                s["_tensor"] = stats.host_copy(g)
+            return s
+
+    @staticmethod
+    def resolve_grads(grads):
+        """Fetch the pending reductions of one backward entry's gradients together."""
+        pending = [g.pop("_pending") for g in grads if g is not None and "_pending" in g]
+        if pending:
+            with guard(), no_function_mode():
+                merged = pending[0]
+                for p in pending[1:]:
+                    merged.todo.extend(p.todo)
+                merged.resolve()
+
+    def finish_grad(self, summary, file_stem):
+        """A gradient summary from ``grad_seen``, complete: its numbers, its tensor file."""
+        if summary is None:
+            return None
+        self.resolve_grads([summary])
+        array = summary.pop("_tensor", None)
+        if array is not None:
+            name = file_stem + ".npy"
+            self.writer.add_tensor(name, array)
+            summary["data_name"] = name
+        return summary
+
+    def backward_entry(self, bwd, out_grads, in_grads, inputs=True, outputs=True):
+        """The backward entry of gradients from ``grad_seen``: input = the gradients
+        flowing in (of the forward's outputs), output = those flowing out."""
+        entry = BackwardEntry()
+        if self.save_tensors or any_pending(out_grads) or any_pending(in_grads):
+            self.resolve_grads(out_grads + in_grads)
+            if inputs:
+                entry.input = [self.finish_grad(g, f"{bwd}.input.{i}") for i, g in enumerate(out_grads)]
+            if outputs:
+                entry.output = [self.finish_grad(g, f"{bwd}.output.{i}") for i, g in enumerate(in_grads)]
+        else:   # summaries complete, no tensor files: nothing to finish
+            if inputs:
+                entry.input = list(out_grads)   # a copy: a second backward may reuse the list
+            if outputs:
+                entry.output = in_grads
+        return entry

@@ -1,0 +1,32 @@
+"""Say a failure once: a broken hook runs on every call and must not flood a training log.
+
+    said = LogOnce(logging.getLogger(__name__))
+    said.warning(("feature", name), "probe: %s failed (%s)", name, exc)
+
+Each ``LogOnce`` remembers its own keys (a dump run's, a tool's, a module's); thread-safe.
+"""
+import logging
+import threading
+
+
+class LogOnce:
+    def __init__(self, logger: logging.Logger):
+        self.logger = logger
+        self._said: set = set()
+        self._lock = threading.Lock()
+
+    def first(self, key) -> bool:
+        """True the first time ``key`` is seen."""
+        with self._lock:
+            if key in self._said:
+                return False
+            self._said.add(key)
+            return True
+
+    def warning(self, key, msg, *args):
+        if self.first(key):
+            self.logger.warning(msg, *args)
+
+    def error(self, key, msg, *args):
+        if self.first(key):
+            self.logger.error(msg, *args)
