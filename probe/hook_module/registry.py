@@ -147,6 +147,12 @@ def _seen_as_itself(obj, name):
         type(obj).__name__ == "wrapper_descriptor"
 
 
+def _replaced_by_user(obj):
+    """A Python function defined outside torch, found where torch's function was."""
+    return type(obj) is types.FunctionType and \
+        not (getattr(obj, "__module__", None) or "torch").split(".", 1)[0] in ("torch", "probe")
+
+
 def resolve(registry):
     """Map registry names to the objects met at call time; unknown names go to ``absent``."""
     out = ResolvedRegistry()
@@ -174,6 +180,14 @@ def resolve(registry):
                 # A dotted name (torch_npu's atb.npu_x) is patched on its own submodule.
                 parent, _, attr = name.rpartition(".")
                 out.patched.append((_lookup(owner, parent) if parent else owner, attr, full))
+            elif _replaced_by_user(obj) and section in ("functional", "torch", "tensor"):
+                # A porting patch (``F.gelu = npu_gelu``) put a user's function in torch's
+                # place: a function mode never sees it called (it is no torch function),
+                # only what it calls. Patched as msprobe does, the call is recorded once
+                # under the API's name; the original it calls runs inside, unrecorded.
+                parent, _, attr = name.rpartition(".")
+                out.patched.append((_lookup(owner, parent) if parent else owner, attr, full))
+                out.by_func.setdefault(obj, full)
             else:
                 out.by_func.setdefault(obj, full)
     out.operators = OperatorNames(out.dunders)
