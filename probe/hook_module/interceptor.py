@@ -82,6 +82,8 @@ class _Mode(TorchFunctionMode):
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
+        if _is_compiling():   # dynamo is tracing this: probe stays out of the graph
+            return func(*args, **kwargs)
         wrapper = None
         if type(func) is _FunctionType:   # Python-level: is ``func`` a user's wrapper?
             original = _dispatching_original(func)
@@ -106,6 +108,9 @@ class _Mode(TorchFunctionMode):
 
 
 _FunctionType = types.FunctionType
+# Dynamo folds this call to True while it traces (no guard), so a compiled region gets
+# the plain torch call and none of probe's bookkeeping: no recompiles on probe's code.
+_is_compiling = torch.compiler.is_compiling
 _HANDLE_CODE = torch.overrides.handle_torch_function.__code__
 _by_code = {}   # code (or replacement function) met in place of torch's function -> torch's function
 
@@ -191,6 +196,8 @@ class _Patches:
         collective = getattr(owner, "__name__", "") == "torch.distributed"
 
         def wrapper(*args, **kwargs):
+            if _is_compiling():
+                return func(*args, **kwargs)
             active = state.active
             if active is None or state.depth or active._mode is None:   # none running here
                 return func(*args, **kwargs)
