@@ -134,6 +134,11 @@ class _Summaries:
         self.todo = []
 
 
+def _cpu_tensor(t):
+    """A CPU copy of ``t`` for ``torch.save``: its own storage (a view would save its base)."""
+    return t.detach().to("cpu", copy=True).resolve_conj().resolve_neg().contiguous()
+
+
 def _any_pending(grads):
     for g in grads:
         if g is not None and "_pending" in g:
@@ -161,6 +166,8 @@ class ApiCollector:
         self.filter = CallFilter(config)
         self.md5 = config.summary_mode == "md5"
         self.save_tensors = config.task == "tensor"
+        # file_format "pt": torch.save'd CPU tensors (dtype kept, bf16 too), as msprobe writes
+        self.ext, self.host_copy = (".pt", _cpu_tensor) if config.file_format == "pt" else (".npy", stats.host_copy)
         self.stacks = StackTable()
         self.cache = stats.SummaryCache()
         if config.async_dump:
@@ -297,8 +304,8 @@ class ApiCollector:
         return describe_value(v)
 
     def _save(self, t, file_stem):
-        name = file_stem + ".npy"
-        self.writer.add_tensor(name, stats.host_copy(t))
+        name = file_stem + self.ext
+        self.writer.add_tensor(name, self.host_copy(t))
         return name
 
     # ---- backward -----------------------------------------------------------
@@ -321,7 +328,7 @@ class ApiCollector:
             else:
                 s["_pending"] = summaries
             if self.save_tensors:
-                s["_tensor"] = stats.host_copy(g)
+                s["_tensor"] = self.host_copy(g)
             return s
 
     @staticmethod
@@ -367,7 +374,7 @@ class ApiCollector:
         self._resolve_grads([summary])
         array = summary.pop("_tensor", None)
         if array is not None:
-            name = file_stem + ".npy"
+            name = file_stem + self.ext
             self.writer.add_tensor(name, array)
             summary["data_name"] = name
         return summary

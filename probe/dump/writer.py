@@ -461,7 +461,12 @@ class DumpWriter:
                     current.append(item[1])
                 elif kind == "tensor":
                     try:
-                        _write_npy(os.path.join(current.rank_dir, "dump_tensor_data", item[1]), item[2])
+                        path = os.path.join(current.rank_dir, "dump_tensor_data", item[1])
+                        if item[1].endswith(".pt"):   # file_format pt: a CPU torch tensor
+                            import torch
+                            torch.save(item[2], path)
+                        else:
+                            _write_npy(path, item[2])
                     finally:
                         with self._bytes_cv:
                             self._bytes -= item[2].nbytes
