@@ -5,6 +5,8 @@ the Python-level Tensor methods whose arguments the call-site reading recovers, 
 HF GPT-2 and Llama built from tiny configs."""
 import inspect
 import os
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -129,6 +131,13 @@ def test_python_level_methods_recorded_as_called(tmp_path):
     checked, bad, skipped = replay_all(rank)
     assert not bad and not skipped, (bad, skipped)
     assert len(checked) >= 14
+    # probe repro's script for the call rebuilds it too
+    from probe.forensics.repro import generate
+    script = generate(str(tmp_path), "Tensor.split.0.forward", output=str(tmp_path / "repro_split.py"))
+    run = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    vs_dump = [line for line in run.stdout.splitlines() if "vs dump" in line]
+    assert len(vs_dump) == 3 and all("max_abs 0 " in line for line in vs_dump), run.stdout
 
 
 # ---- OpInfo samples through registered APIs --------------------------------------------------
