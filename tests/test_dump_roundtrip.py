@@ -7,6 +7,7 @@ import inspect
 import os
 import subprocess
 import sys
+import warnings
 from collections import Counter
 
 import pytest
@@ -162,8 +163,14 @@ def _keywordised(func, args, kwargs):
 
 
 def _opinfo_calls(limit_ops=120, per_op=2):
+    frozen, filters = torch.backends.flags_frozen(), list(warnings.filters)
     common = pytest.importorskip("torch.testing._internal.common_methods_invocations",
                                  reason="torch's OpInfo database needs expecttest")
+    # torch's test harness, imported, freezes torch.backends flags and adds warning
+    # filters: undone, so later tests (seed_all sets cudnn flags) see the usual torch
+    if torch.backends.flags_frozen() and not frozen:
+        torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = True
+    warnings.filters[:] = filters
     torch_names, tensor_names, functional = _registered()
     calls = []
     n_ops = 0
