@@ -7,6 +7,12 @@ function itself, records the call as written, and its users compare row names su
 ``input.2``. The caller's ``CALL`` instruction says how many arguments were positional
 and which keywords were given; that layout is read once per call site and cached.
 Where it cannot be read (``f(*args)``, other interpreters), the dispatch form is kept.
+
+A bound method's CALL does not count its object: ``h.split(3, dim=2)`` is CALL 2 with one
+keyword, and ``Tensor.split`` gets ``(h, 3)`` plus ``dim``. The instruction that loaded
+the callable (found by walking back over the arguments' stack effects) tells
+``h.split(...)`` from ``torch.Tensor.split(h, ...)``. Bytecode layouts of CPython 3.9 to
+3.13 are handled; only 3.11 is tested (``requires-python``).
 """
 import dis
 import inspect

@@ -13,6 +13,11 @@ instruction. What neither can tell apart is patched: three Tensor dunders (``2 +
     ...               # handler(name, func, args, kwargs) runs for each registered call
     interceptor.stop()
 
+A collective reaches the handler as a ``collectives.CollectiveCall``, whose result lists
+the tensors it wrote (see collectives.py). A user's wrapper put in a Python-level API's
+place is never called by the mode in place of the original (``_dispatching_original``),
+and while dynamo traces, the mode and the patches step aside (``_is_compiling``).
+
 The handler must call ``func(*args, **kwargs)`` and return its result. Only the outermost
 registered call reaches it: while it runs, registered APIs go straight to the real function.
 
