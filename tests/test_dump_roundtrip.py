@@ -259,3 +259,25 @@ def test_hf_model_dump_round_trips(tmp_path, which):
     assert len(checked) >= 40
     assert not bad, sorted(bad)[:20]
     assert sum(n for k, n in skipped.items() if not k.startswith("random")) <= 4, skipped
+
+
+def test_method_owner_spellings(tmp_path):
+    """Capitalised tensor names, a class alias, a bound method held in a variable."""
+    Tensor = torch.Tensor   # noqa: N806 - a class under its usual name
+    Q = torch.randn(2, 6)  # noqa: N806 - attention code names tensors so
+    held = Q.split
+
+    def calls():
+        Q.split(3, 1)
+        Tensor.split(Q, 3, 1)
+        held(3, 1)
+        (Q * 2).split(3, 1)
+    rank = _dump(tmp_path, calls)
+    data = load_dump(str(tmp_path))
+    for n in range(4):
+        args = data[f"Tensor.split.{n}.forward"]["input_args"]
+        kwargs = data[f"Tensor.split.{n}.forward"]["input_kwargs"]
+        assert args[0]["type"] == "torch.Tensor"
+        assert [a.get("value") for a in args[1:]] + [v.get("value") for v in kwargs.values()] == [3, 1], n
+    checked, bad, skipped = replay_all(rank)
+    assert not bad and not skipped and len(checked) >= 4

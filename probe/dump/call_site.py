@@ -70,7 +70,7 @@ def _site(caller):
     key = (caller.f_code, caller.f_lasti)
     site = _sites.get(key, False)
     if site is False:
-        site = _sites[key] = _read_site(caller.f_code, caller.f_lasti)
+        site = _sites[key] = _read_site(caller.f_code, caller.f_lasti, caller)
     return site
 
 
@@ -121,7 +121,7 @@ def _caller_of(code, limit):
     return None
 
 
-def _read_site(code, lasti):
+def _read_site(code, lasti, frame=None):
     """(positional count, keyword names, method form) of the CALL that ``lasti`` is in,
     else None. ``method form`` is True where the callable was ``obj.name`` and ``obj``
     is no class: a bound method, whose ``self`` is a positional the CALL does not count
@@ -145,7 +145,7 @@ def _read_site(code, lasti):
         break
     if not isinstance(kw, tuple) or len(kw) > argc:
         return None
-    return argc - len(kw), kw, _method_form(before[:-1], argc + names_on_stack)
+    return argc - len(kw), kw, _method_form(before[:-1], argc + names_on_stack, frame)
 
 
 _LOADS = {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_GLOBAL", "LOAD_NAME",
@@ -153,7 +153,7 @@ _LOADS = {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_GLOBAL", "LO
 _JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
 
 
-def _method_form(before, n_items):
+def _method_form(before, n_items, frame=None):
     """Walk back over the ``n_items`` stack items the CALL takes as arguments to the
     instruction that loaded the callable; see ``_read_site``. Straight-line argument
     code only: a jump (``a if c else b``) or an unknown stack effect gives None."""
@@ -182,8 +182,21 @@ def _method_form(before, n_items):
         return None
     loader = before[k]
     if loader.opname not in ("LOAD_METHOD", "LOAD_ATTR"):
-        return False
+        return None    # ``f = x.split; f(3)``: whether ``f`` is bound is not in the code
     owner = before[k - 1]
-    if owner.opname in _LOADS and isinstance(owner.argval, str) and owner.argval[:1].isupper():
-        return False   # ``torch.Tensor.split(x, ...)``, ``Tensor.split(x, ...)``: self is written
-    return True
+    if owner.opname not in _LOADS or not isinstance(owner.argval, str):
+        return True    # ``(x + 1).split(...)``: an object computed on the spot
+    if owner.opname == "LOAD_ATTR":   # ``torch.Tensor.split(x, ...)`` vs ``self.h.split(...)``
+        return not owner.argval.endswith("Tensor")
+    value = _MISSING
+    if frame is not None:   # a name: is it bound to a class (``Tensor.split(x, ...)``)?
+        value = frame.f_locals.get(owner.argval, _MISSING) if owner.opname not in ("LOAD_GLOBAL", "LOAD_NAME") \
+            else _MISSING
+        if value is _MISSING:
+            value = frame.f_globals.get(owner.argval, frame.f_builtins.get(owner.argval, _MISSING))
+    if value is _MISSING:
+        return not owner.argval.endswith("Tensor")
+    return not isinstance(value, type)
+
+
+_MISSING = object()
