@@ -19,7 +19,7 @@ OTHER_TASK_SECTIONS = ("free_benchmark", "run_ut", "grad_probe", "structure",
 LEVELS = ("L0", "L1", "L2", "mix")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 SUMMARY_MODES = ("statistics", "md5")
-FILE_FORMATS = ("npy",)
+FILE_FORMATS = ("npy", "pt")   # pt: torch.save'd CPU tensors, as msprobe writes for PyTorch
 TOP_KEYS = ("task", "dump_path", "rank", "step", "level", "seed", "is_deterministic",
             "enable_dataloader", "async_dump", "wrap_ops_yaml", "framework", "precision",
             "backward_origin")
@@ -157,31 +157,35 @@ def load_config(config_path=None, **overrides):
             raise ConfigError(f"PrecisionDebugger: unknown keyword argument {key!r}; allowed: {', '.join(TOP_KEYS)}")
         if value is not None:
             top[key] = value
+    keywords = {k for k, v in overrides.items() if v is not None}
+
+    def src(key):   # a bad value given as a keyword argument is not "in the file"
+        return "PrecisionDebugger keyword argument" if key in keywords else source
     task = top.get("task", "statistics")
     if task not in TASKS:
-        _fail(source, "task", f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
+        _fail(src("task"), "task", f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
     level = top.get("level", "L1")
     if level not in LEVELS:
-        _fail(source, "level", f"unknown level {level!r}; allowed: {', '.join(LEVELS)}")
+        _fail(src("level"), "level", f"unknown level {level!r}; allowed: {', '.join(LEVELS)}")
     cfg = {"task": task, "level": level, "source": source}
-    cfg["dump_path"] = _check_dump_path(source, top.get("dump_path", "./dump_path"))
+    cfg["dump_path"] = _check_dump_path(src("dump_path"), top.get("dump_path", "./dump_path"))
     if "rank" in top:
-        cfg["rank"] = _parse_ranks(source, top["rank"])
+        cfg["rank"] = _parse_ranks(src("rank"), top["rank"])
     if "step" in top:
-        cfg["step"] = _parse_steps(source, top["step"])
+        cfg["step"] = _parse_steps(src("step"), top["step"])
     if "seed" in top:
         if isinstance(top["seed"], bool) or not isinstance(top["seed"], int) or not 0 <= top["seed"] < 2 ** 32:
-            _fail(source, "seed", f"must be an int in [0, 2**32), got {top['seed']!r}")
+            _fail(src("seed"), "seed", f"must be an int in [0, 2**32), got {top['seed']!r}")
         cfg["seed"] = top["seed"]
     for key in ("is_deterministic", "enable_dataloader", "async_dump", "backward_origin"):
         if key in top:
-            cfg[key] = _check_bool(source, key, top[key])
+            cfg[key] = _check_bool(src(key), key, top[key])
     if top.get("wrap_ops_yaml") is not None:
         if not isinstance(top["wrap_ops_yaml"], str):
-            _fail(source, "wrap_ops_yaml", "must be a path string")
+            _fail(src("wrap_ops_yaml"), "wrap_ops_yaml", "must be a path string")
         cfg["wrap_ops_yaml"] = top["wrap_ops_yaml"]
     if top.get("framework", "pytorch") != "pytorch":
-        _fail(source, "framework", f"only 'pytorch' is supported, got {top['framework']!r}")
+        _fail(src("framework"), "framework", f"only 'pytorch' is supported, got {top['framework']!r}")
 
     section = raw.get(task)
     if section is None:
@@ -212,9 +216,11 @@ def load_config(config_path=None, **overrides):
             _fail(source, f"{task}.overflow_nums", f"must be an int >= 1, or -1 for all, got {n!r}")
         cfg["overflow_nums"] = n
     if task == "overflow_check" and level != "L1":
-        _fail(source, "level", f"task overflow_check works at level L1, got {level!r}")
+        _fail(src("level"), "level", f"task overflow_check works at level L1, got {level!r}")
     if "file_format" in section:
         if section["file_format"] not in FILE_FORMATS:
-            _fail(source, f"{task}.file_format", f"allowed: {', '.join(FILE_FORMATS)}")
+            _fail(source, f"{task}.file_format",
+                  f"unknown value {section['file_format']!r}; allowed: {', '.join(FILE_FORMATS)}")
+        cfg["file_format"] = section["file_format"]
     return DumpConfig(**cfg)
 

@@ -72,6 +72,9 @@ class PrecisionDebugger:
         self._construct = None
         self.forensics = None
         self._active = False
+        self._started = False     # start() called and no stop() since (even on a step not dumped)
+        self._step_started = False
+        self._warned = set()      # misuse kinds already said once
         self._whole = []          # module_dump requests (_WholeModule)
         self._meta_mark = None
         self._dir_step = None
@@ -85,6 +88,9 @@ class PrecisionDebugger:
     # ---- msprobe's interface -------------------------------------------------
     def start(self, model=None):
         """Begin (or resume) dumping the current step."""
+        if self._started:
+            self._misuse("start", "start() called again without stop(): the dump goes on as one")
+        self._started = self._step_started = True
         if model is not None:
             self.model = model
         level = self.config.level
@@ -111,6 +117,12 @@ class PrecisionDebugger:
         ``close()`` or a ``step()`` after which no step is dumped: re-patching them at every
         step costs ~50 us.
         """
+        if not self._started:
+            self._misuse("stop", "stop() called without start(): nothing to stop")
+        self._stop()
+
+    def _stop(self):
+        self._started = False
         if self._active:
             self._active = False
             self._detach()
@@ -118,7 +130,13 @@ class PrecisionDebugger:
 
     def step(self):
         """End the step: its files are complete on disk when this returns."""
-        self.stop()
+        if self._started:
+            self._misuse("step", "step() called between start() and stop(): the dump stopped at "
+                                 "step(); calls until the next start() are not recorded")
+        elif not self._step_started:
+            self._misuse("step-idle", f"step() without start() during step {self.current_step}: nothing was dumped")
+        self._step_started = False
+        self._stop()
         if self._writer is not None and self._dir_step == self.current_step:
             self._write_meta(only_if_grown=True)   # backward entries that arrived after stop() add to construct.json
             self._writer.sync()
@@ -149,6 +167,12 @@ class PrecisionDebugger:
         self._whole = []
 
     # ---- internals -----------------------------------------------------------
+    def _misuse(self, kind, message):
+        """A call-sequence mistake: said once per kind, never raised into the training loop."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning("probe: %s", message)
+
     def _make_dumpers(self):
         """The handler chain, built once from the config:
 
@@ -232,7 +256,7 @@ class PrecisionDebugger:
 
     def close(self):
         """Finish writing and remove every patch probe installed."""
-        self.stop()
+        self._stop()
         if self._interceptor is not None:
             self._interceptor.close()
         if self._writer is not None:

@@ -134,12 +134,17 @@ class ApiCollector:
             call = None
         out = func(*args, **kwargs)
         if call is not None:
-            try:
-                with no_function_mode():
-                    self._after(call, out)
-            except Exception as exc:
-                self.entries.fail(name, exc)
+            when_done = getattr(out, "when_done", None)   # an async collective: outputs once it completes
+            if when_done is None or not when_done(lambda: self._finish(name, call, out)):
+                self._finish(name, call, out)
         return out
+
+    def _finish(self, name, call, out):
+        try:
+            with no_function_mode():
+                self._after(call, out)
+        except Exception as exc:
+            self.entries.fail(name, exc)
 
     # ---- forward ------------------------------------------------------------
     def _before(self, base, func, args, kwargs):

@@ -87,6 +87,9 @@ class EntryBuilder:
         self.writer = writer
         self.md5 = config.summary_mode == "md5"
         self.save_tensors = config.task == "tensor" if save_tensors is None else save_tensors
+        # file_format "pt": torch.save'd CPU tensors (dtype kept, bf16 too), as msprobe writes
+        pt = getattr(config, "file_format", "npy") == "pt"
+        self.ext, self.host_copy = (".pt", stats.cpu_tensor) if pt else (".npy", stats.host_copy)
         self.stacks = StackTable()
         self.cache = stats.SummaryCache()
         if config.async_dump:
@@ -149,8 +152,8 @@ class EntryBuilder:
         return describe_value(v)
 
     def save(self, t, file_stem):
-        name = file_stem + ".npy"
-        self.writer.add_tensor(name, stats.host_copy(t))
+        name = file_stem + self.ext
+        self.writer.add_tensor(name, self.host_copy(t))
         return name
 
     def fetch_deferred(self):
@@ -182,7 +185,7 @@ class EntryBuilder:
             else:
                 s["_pending"] = summaries
             if self.save_tensors:
-                s["_tensor"] = stats.host_copy(g)
+                s["_tensor"] = self.host_copy(g)
             return s
 
     @staticmethod
@@ -203,7 +206,7 @@ class EntryBuilder:
         self.resolve_grads([summary])
         array = summary.pop("_tensor", None)
         if array is not None:
-            name = file_stem + ".npy"
+            name = file_stem + self.ext
             self.writer.add_tensor(name, array)
             summary["data_name"] = name
         return summary

@@ -24,6 +24,9 @@ from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import state
 from probe.hook_module.own_work import no_function_mode
 
+# Dynamo traces module hooks inside a compiled model: they return at once there.
+_is_compiling = torch.compiler.is_compiling
+
 # A module spans many autograd nodes; grad_capture's per-API walk limit is too small.
 _MODULE_MAX_NODES = 1 << 16
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
@@ -184,6 +187,8 @@ class ModuleDumper:
         construct = self.construct
 
         def pre(mod, args, kwargs):
+            if _is_compiling():   # inside a graph dynamo traces: probe stays out of it
+                return None
             if state.depth or blocked.value:
                 return None
             n = counters.get(name, 0)
@@ -210,6 +215,8 @@ class ModuleDumper:
             return None
 
         def post(mod, args, kwargs, output):
+            if _is_compiling():
+                return None
             if whole and running and running[-1][0] is mod and running[-1][4]:
                 blocked.value -= 1
                 state.depth -= 1

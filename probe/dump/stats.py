@@ -135,6 +135,12 @@ def fetch(pending):
     return out
 
 
+def cpu_tensor(t):
+    """A CPU copy of ``t`` for ``torch.save`` (file_format "pt"): its own storage, since a
+    saved view would carry its whole base."""
+    return t.detach().to("cpu", copy=True).resolve_conj().resolve_neg().contiguous()
+
+
 def host_copy(t):
     """A CPU numpy copy for a tensor file (numpy has no bfloat16: stored as float32)."""
     t = t.detach()

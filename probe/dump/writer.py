@@ -211,7 +211,12 @@ class _StepFiles:
         if self.broken:
             return
         try:
-            _write_npy(os.path.join(self.rank_dir, "dump_tensor_data", file_name), array)
+            path = os.path.join(self.rank_dir, "dump_tensor_data", file_name)
+            if file_name.endswith(".pt"):       # file_format pt: a CPU torch tensor
+                import torch
+                torch.save(array, path)
+            else:
+                _write_npy(path, array)
         except BaseException:
             self.broken = True
             raise

@@ -13,6 +13,11 @@ instruction. What neither can tell apart is patched: three Tensor dunders (``2 +
     ...               # handler(name, func, args, kwargs) runs for each registered call
     interceptor.stop()
 
+A collective reaches the handler as a ``collectives.CollectiveCall``, whose result lists
+the tensors it wrote (see collectives.py). A user's wrapper put in a Python-level API's
+place is never called by the mode in place of the original (``_dispatching_original``),
+and while dynamo traces, the mode and the patches step aside (``_is_compiling``).
+
 The handler must call ``func(*args, **kwargs)`` and return its result. Only the outermost
 registered call reaches it: while it runs, registered APIs go straight to the real function.
 
@@ -29,12 +34,17 @@ function runs with the mode switched off (it dispatched on itself first), so reg
 calls inside it are not seen. ``Tensor.backward`` calling ``torch.ones_like`` is the case
 met in practice; msprobe, which patches attributes, records that call.
 """
+import gc
 import os
+import sys
 import threading
+import types
 import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from probe.hook_module import collectives
 
 
 class _ThreadState(threading.local):
@@ -77,11 +87,20 @@ class _Mode(TorchFunctionMode):
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
+        if _is_compiling():   # dynamo is tracing this: probe stays out of the graph
+            return func(*args, **kwargs)
+        wrapper = None
+        if type(func) is _FunctionType:   # Python-level: is ``func`` a user's wrapper?
+            original = _dispatching_original(func)
+            if original is not None:
+                wrapper, func = func, original
         if not state.depth:
             try:
                 name = self._by_func[func]   # None: not registered (FuncNames)
             except TypeError:    # unhashable: not a function
                 name = None
+            if name is None and wrapper is not None:   # the registry met the wrapper at start()
+                name = self._by_func[wrapper]
             if func in self._op_impls:   # an operator's implementation: which was it?
                 name = self._op_name(func, name)
             if name is not None:
@@ -93,11 +112,62 @@ class _Mode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_FunctionType = types.FunctionType
+# Dynamo folds this call to True while it traces (no guard), so a compiled region gets
+# the plain torch call and none of probe's bookkeeping: no recompiles on probe's code.
+_is_compiling = torch.compiler.is_compiling
+_HANDLE_CODE = torch.overrides.handle_torch_function.__code__
+_by_code = {}   # code (or replacement function) met in place of torch's function -> torch's function
+
+
+def _dispatching_original(func):
+    """The torch function whose body handed the mode ``func``, when ``func`` is not it.
+
+    A Python-level torch function dispatches on the name it is bound to at call time
+    (``handle_torch_function(silu, ...)`` reads the global ``silu``). After a porting patch
+    (``F.silu = npu_silu``, ``npu_silu`` calling the saved original) the mode receives the
+    wrapper, and calling it would run the wrapper a second time (x1.01 applied twice).
+    The frame that called ``handle_torch_function`` is the original's: call that instead.
+    """
+    f = sys._getframe(2)
+    if f is None:
+        return None
+    if f.f_code is not _HANDLE_CODE:
+        # Only a C method looked up by name on ``torch.Tensor`` arrives as a Python
+        # function outside handle_torch_function: a replacement set on the class
+        # (``Tensor.softmax = wrapper``) calling the C original, which handed it back.
+        original = _by_code.get(func, False)
+        if original is False:
+            original = _by_code[func] = _replaced_method(func)
+        return original
+    caller = f.f_back
+    code = caller.f_code if caller is not None else None
+    if code is None or code is func.__code__:
+        return None
+    original = _by_code.get(code, False)
+    if original is False:   # once per wrapped API: find the function object of that code
+        original = next((r for r in gc.get_referrers(code)
+                         if type(r) is _FunctionType and r.__code__ is code), None)
+        _by_code[code] = original
+    return original
+
+
+def _replaced_method(func):
+    """torch's C method whose name on ``torch.Tensor`` is now bound to ``func``."""
+    for name, value in vars(torch.Tensor).items():
+        if value is func or getattr(value, "__probe_original__", None) is func:
+            original = getattr(torch._C.TensorBase, name, None)
+            if original is not None and type(original) is not _FunctionType:
+                return original
+    return None
+
+
 class _Patches:
     """Attribute patches shared by every interceptor, installed once, removed by the last user."""
 
     def __init__(self):
         self.originals = {}   # (owner, attr) -> original attribute value, or _MISSING
+        self.installed = {}   # (owner, attr) -> the wrapper set there
         self.users = 0
         self.lock = threading.RLock()   # a finalizer's release() may run inside acquire()
 
@@ -114,6 +184,10 @@ class _Patches:
             if self.users > 0:
                 return
             for (owner, attr), original in reversed(list(self.originals.items())):
+                mine = self.installed.pop((owner, attr), None)
+                now = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr, None)
+                if now is not mine:   # replaced since (a user's patch): theirs stays
+                    continue
                 if original is _MISSING:
                     delattr(owner, attr)
                 else:
@@ -124,14 +198,19 @@ class _Patches:
         func = getattr(owner, attr)
         key = (owner, attr)
         self.originals[key] = owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) else func
+        collective = getattr(owner, "__name__", "") == "torch.distributed"
 
         def wrapper(*args, **kwargs):
+            if _is_compiling():
+                return func(*args, **kwargs)
             active = state.active
             if active is None or state.depth or active._mode is None:   # none running here
                 return func(*args, **kwargs)
             name = active.patched_names.get(key)
             if name is None:
                 return func(*args, **kwargs)
+            if collective:   # the handler records the tensors it wrote; the user gets its return
+                return collectives.unwrap(active.call(name, collectives.CollectiveCall(func, attr), args, kwargs))
             return active.call(name, func, args, kwargs)
 
         wrapper.__name__ = getattr(func, "__name__", attr)
@@ -140,6 +219,7 @@ class _Patches:
         wrapper.__wrapped__ = func
         wrapper.__probe_original__ = func   # what registry resolution must look at
         setattr(owner, attr, wrapper)
+        self.installed[key] = wrapper
 
 
 _MISSING = object()

@@ -73,9 +73,14 @@ class _Recorder(TorchFunctionMode):
         self.first = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if self.first is None:
-            self.first = func
-        return func(*args, **(kwargs or {}))
+        # The first function is all that is asked; running its body could run a user's
+        # wrapper (``__rmatmul__`` calls ``torch.matmul``, which a porting patch replaced).
+        self.first = func
+        raise _Found
+
+
+class _Found(Exception):
+    pass
 
 
 def implementation(dunder):
@@ -87,9 +92,11 @@ def implementation(dunder):
     try:
         with torch.no_grad(), rec:
             unpatched(dunder)(*args)
+    except _Found:
+        return rec.first
     except Exception:
         return None
-    return rec.first
+    return None
 
 
 def unpatched(dunder):

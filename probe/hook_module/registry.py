@@ -10,6 +10,8 @@ objects the interceptor meets at call time, once, at ``start()``:
 
 Deleting a line from the YAML stops that API being dumped and changes nothing else.
 """
+import difflib
+import logging
 import os
 import types
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ import yaml
 from probe.errors import ConfigError
 from probe.hook_module.operators import OperatorNames
 
+log = logging.getLogger(__name__)
 DEFAULT_YAML = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support_wrap_ops.yaml")
 
 # section -> entry-name prefix, as msprobe names them
@@ -147,6 +150,30 @@ def _seen_as_itself(obj, name):
         type(obj).__name__ == "wrapper_descriptor"
 
 
+def _warn_unknown(path, absent):
+    """One line for the names of a user's YAML that neither this torch nor the packaged
+    registry knows (``geluu``): such an API is silently not dumped otherwise. Names the
+    packaged YAML lists but this torch lacks (newer APIs, torch_npu) are expected."""
+    known = load_registry().ops
+    unknown = [a for a in absent if a.partition(".")[2] not in known.get(a.partition(".")[0], ())]
+    if not unknown:
+        return
+    hints = []
+    for item in unknown:
+        section, _, name = item.partition(".")
+        owner = _section_owner(section)
+        pool = set(known.get(section, ())) | (set(dir(owner)) if owner is not None else set())
+        close = difflib.get_close_matches(name, sorted(pool), n=3)
+        hints.append(f"{section}.{name}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+    log.warning("probe: %s: not dumped, no such API: %s", path, "; ".join(hints))
+
+
+def _replaced_by_user(obj):
+    """A Python function defined outside torch, found where torch's function was."""
+    return type(obj) is types.FunctionType and \
+        not (getattr(obj, "__module__", None) or "torch").split(".", 1)[0] in ("torch", "probe")
+
+
 def resolve(registry):
     """Map registry names to the objects met at call time; unknown names go to ``absent``."""
     out = ResolvedRegistry()
@@ -174,8 +201,18 @@ def resolve(registry):
                 # A dotted name (torch_npu's atb.npu_x) is patched on its own submodule.
                 parent, _, attr = name.rpartition(".")
                 out.patched.append((_lookup(owner, parent) if parent else owner, attr, full))
+            elif _replaced_by_user(obj) and section in ("functional", "torch", "tensor"):
+                # A porting patch (``F.gelu = npu_gelu``) put a user's function in torch's
+                # place: a function mode never sees it called (it is no torch function),
+                # only what it calls. Patched as msprobe does, the call is recorded once
+                # under the API's name; the original it calls runs inside, unrecorded.
+                parent, _, attr = name.rpartition(".")
+                out.patched.append((_lookup(owner, parent) if parent else owner, attr, full))
+                out.by_func.setdefault(obj, full)
             else:
                 out.by_func.setdefault(obj, full)
+    if out.absent and os.path.abspath(registry.path) != DEFAULT_YAML:
+        _warn_unknown(registry.path, out.absent)
     out.operators = OperatorNames(out.dunders)
     for func, full in out.operators.itself.items():
         out.by_func.setdefault(func, full)

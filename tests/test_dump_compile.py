@@ -1,0 +1,53 @@
+"""A torch.compile'd model trained under the debugger: dynamo never traces probe's code
+(no recompiles or warnings from it), training is bitwise the run without the debugger,
+and the calls that run eagerly (the loss, the optimizer, the backward's entry) are dumped."""
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dynamo = pytest.importorskip("torch._dynamo")
+from torch._dynamo.utils import counters  # noqa: E402
+
+from models import make_gpt, train_step  # noqa: E402
+from conftest import load_dump  # noqa: E402
+
+
+def _train(make_debugger=None, steps=3):
+    dynamo.reset()
+    counters.clear()
+    model, x, y = make_gpt()
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dbg = make_debugger(task="statistics", level="L1") if make_debugger else None
+    losses = []
+    for _ in range(steps):
+        if dbg:
+            dbg.start()
+        losses.append(train_step(compiled, opt, x, y).detach())
+        if dbg:
+            dbg.stop()
+            dbg.step()
+    frames = dict(counters["frames"]), dict(counters["graph_break"])
+    return losses, [p.detach().clone() for p in model.parameters()], frames
+
+
+def test_compiled_model_under_debugger(make_debugger, dump_dir, caplog):
+    plain_losses, plain_params, plain_frames = _train()
+    with caplog.at_level(logging.DEBUG, logger="torch._dynamo"):
+        losses, params, frames = _train(make_debugger)
+    # dynamo compiled the model's frame and nothing of probe's: no graph break, no recompile
+    assert frames == plain_frames, (frames, plain_frames)
+    assert all(torch.equal(a, b) for a, b in zip(plain_losses, losses))
+    assert all(torch.equal(a, b) for a, b in zip(plain_params, params))
+    noise = [r.getMessage() for r in caplog.records
+             if r.levelno >= logging.WARNING or "probe" in r.getMessage()]
+    assert not noise, noise[:3]
+    for step in range(3):
+        data = load_dump(dump_dir, step=step)
+        # eager: the loss and its backward, the optimizer's updates
+        assert "Functional.cross_entropy.0.forward" in data and "Functional.cross_entropy.0.backward" in data
+        assert any(k.startswith("Tensor.add_.") for k in data)
+        # inside the compiled graph: not seen
+        assert not any(k.startswith(("Functional.layer_norm.", "Functional.scaled_dot_product_attention."))
+                       for k in data), sorted(data)
