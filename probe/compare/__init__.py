@@ -6,5 +6,7 @@ tensors (numbers) -> verdict (pass/warning/error) -> engine (runs one compare) -
 report / xlsx (files) ; api and cli are the entry points, layout finds dump trees.
 """
 from .api import compare, compare_distributed
+from .check_ranks import check_ranks
+from .run import compare_run
 
-__all__ = ["compare", "compare_distributed"]
+__all__ = ["compare", "compare_distributed", "compare_run", "check_ranks"]

@@ -17,8 +17,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--align", choices=("auto", "on", "off"), default="auto",
                         help="align the two call sequences: when they differ (auto), always, "
                              "or never (pair by name, as msprobe)")
-    parser.add_argument("--bench2", help="a second bench dump.json of the same program: "
-                        "run-to-run noise per API, so nondeterminism is not blamed")
+    parser.add_argument("--bench2", help="a second bench dump of the same program (a dump.json, "
+                        "or a dump root paired by step/rank): run-to-run noise per API, so "
+                        "nondeterminism is not blamed")
+    parser.add_argument("--scheduler", metavar="ADDRESS", help="dump roots: compare the pairs on "
+                        "this Dask cluster (tcp://host:8786; needs probe[dask] and the dumps on a "
+                        "shared file system) instead of local processes")
+    parser.add_argument("--processes", type=int, help="dump roots: local worker processes "
+                        "(default: one per core, at most one per pair)")
 
 
 def run(args) -> int:
@@ -26,6 +32,8 @@ def run(args) -> int:
     kw = {"stack_mode": args.stack_mode, "fuzzy_match": args.fuzzy_match,
           "align": {"auto": None, "on": True, "off": False}[getattr(args, "align", "auto")]}
     bench2 = getattr(args, "bench2", None)
+    run_kw = {"bench2_dir": bench2, "scheduler": getattr(args, "scheduler", None),
+              "processes": getattr(args, "processes", None), **kw}
     if args.input_path:
         if not os.path.isfile(args.input_path):
             raise FileNotFoundError(f"compare.json not found: {args.input_path}")
@@ -37,7 +45,8 @@ def run(args) -> int:
         npu = param.get("npu_json_path") or param.get("npu_path")
         bench = param.get("bench_json_path") or param.get("bench_path")
         if npu and bench and os.path.isdir(npu) and os.path.isdir(bench):
-            paths = compare_distributed(npu, bench, args.output_path, **kw)
+            run_kw["bench2_dir"] = bench2 or param.get("bench2_json_path") or param.get("bench2_path")
+            paths = compare_distributed(npu, bench, args.output_path, **run_kw)
         else:
             if bench2:
                 param["bench2_json_path"] = bench2
@@ -51,7 +60,7 @@ def run(args) -> int:
                              "bench2_json_path": bench2, "is_print_compare_log": True},
                             args.output_path, **kw)
         else:
-            paths = compare_distributed(args.npu, args.bench, args.output_path, **kw)
+            paths = compare_distributed(args.npu, args.bench, args.output_path, **run_kw)
     else:
         raise ValueError("give -i compare.json, or --npu PATH and --bench PATH")
     for p in paths:
