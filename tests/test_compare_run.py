@@ -193,3 +193,35 @@ def test_check_ranks_finds_the_rank_with_a_bad_collective_result(runs, capsys):
     assert bad.first.name.startswith("Distributed.all_reduce.")
     rc, stdout, _ = _cli(["check-ranks", os.path.join(runs, "collective")], capsys)
     assert rc == 1 and "first: step 1, rank(s) 1 at Distributed.all_reduce." in stdout
+
+
+def test_lamport_order_over_collectives():
+    """Which rank's divergence is reached by which: through a collective passed after it."""
+    from probe.compare.causality import Mark, Timeline, first_of_run, judge_step
+    coll = [("Distributed.all_reduce.0.forward", "clean", 0.0, 0.0, 1e-4),
+            ("Distributed.all_reduce.1.forward", "clean", 0.0, 0.0, 1e-4)]
+
+    def tl(name, kind, epoch, collective, position):
+        return Timeline(Mark(name, "forward", kind, position, epoch, collective), coll)
+    # rank 1's kernel before collective #0; rank 0's collective #0 result differs: inherited
+    cells = judge_step({0: tl("Distributed.all_reduce.0.forward", "introduced", 0, True, 30),
+                        1: tl("Functional.gelu.0.forward", "introduced", 0, False, 12),
+                        2: Timeline(None, coll)})
+    assert [cells[r].verdict for r in (0, 1, 2)] == ["inherits", "introduces", "clean"]
+    assert cells[0].source == 1
+    # the same collective differs on two ranks, nothing before it: each is its own culprit
+    cells = judge_step({0: tl("Distributed.all_reduce.1.forward", "introduced", 1, True, 40),
+                        1: tl("Distributed.all_reduce.1.forward", "introduced", 1, True, 40)})
+    assert [c.verdict for c in cells.values()] == ["introduces", "introduces"]
+    # a call after collective #1 is reached by a call before it, not by one after it
+    cells = judge_step({0: tl("Tensor.add.3.forward", "introduced", 2, False, 50),
+                        1: tl("Tensor.mul.0.forward", "introduced", 1, False, 45)})
+    assert (cells[0].verdict, cells[1].verdict) == ("inherits", "introduces")
+    cells = judge_step({0: tl("Tensor.add.3.forward", "introduced", 1, False, 50),
+                        1: tl("Tensor.mul.0.forward", "introduced", 1, False, 45)})
+    assert (cells[0].verdict, cells[1].verdict) == ("introduces", "introduces")
+    # across steps the earliest step with an introduction wins, inputs_differ only failing one
+    at = {(0, 0): judge_step({0: tl("Tensor.add.0.forward", "inputs_differ", 0, False, 3)})[0],
+          (2, 1): judge_step({1: tl("Tensor.mul.0.forward", "introduced", 1, False, 45)})[1],
+          (1, 0): judge_step({0: tl("Tensor.add.1.forward", "introduced", 3, False, 9)})[0]}
+    assert first_of_run(at)[0] == (1, 0)

@@ -55,8 +55,16 @@ def run(args) -> int:
         for p in (args.npu, args.bench):
             if not os.path.exists(p):
                 raise FileNotFoundError(f"no such dump: {p}")
-        if os.path.isfile(args.npu) and os.path.isfile(args.bench):
-            paths = compare({"npu_json_path": args.npu, "bench_json_path": args.bench,
+        from .layout import find_dumps
+        npu, bench = find_dumps(args.npu), find_dumps(args.bench)
+        if len(npu) == 1 and len(bench) == 1:      # two dump.json files or rank dirs: one pair
+            if bench2:
+                b2 = find_dumps(bench2)
+                if len(b2) != 1:
+                    raise ValueError(f"--bench2 {bench2}: one dump expected for one pair, found {len(b2)}")
+                bench2 = next(iter(b2.values()))
+            paths = compare({"npu_json_path": next(iter(npu.values())),
+                             "bench_json_path": next(iter(bench.values())),
                              "bench2_json_path": bench2, "is_print_compare_log": True},
                             args.output_path, **kw)
         else:
