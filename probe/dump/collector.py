@@ -199,12 +199,17 @@ class ApiCollector:
             call = None
         out = func(*args, **kwargs)
         if call is not None:
-            try:
-                with _no_function_mode():
-                    self._after(call, out)
-            except Exception as exc:
-                self._fail(name, exc)
+            when_done = getattr(out, "when_done", None)   # an async collective: outputs once it completes
+            if when_done is None or not when_done(lambda: self._finish(name, call, out)):
+                self._finish(name, call, out)
         return out
+
+    def _finish(self, name, call, out):
+        try:
+            with _no_function_mode():
+                self._after(call, out)
+        except Exception as exc:
+            self._fail(name, exc)
 
     def _fetch_deferred(self):
         """async_dump: fill every summary waiting for its numbers, in one host transfer."""

@@ -36,6 +36,8 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
+from probe.hook_module import collectives
+
 
 class _ThreadState(threading.local):
     depth = 0        # > 0 while a handler (or probe's own work) runs on this thread
@@ -124,6 +126,7 @@ class _Patches:
         func = getattr(owner, attr)
         key = (owner, attr)
         self.originals[key] = owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) else func
+        collective = getattr(owner, "__name__", "") == "torch.distributed"
 
         def wrapper(*args, **kwargs):
             active = state.active
@@ -132,6 +135,8 @@ class _Patches:
             name = active.patched_names.get(key)
             if name is None:
                 return func(*args, **kwargs)
+            if collective:   # the handler records the tensors it wrote; the user gets its return
+                return collectives.unwrap(active.call(name, collectives.CollectiveCall(func, attr), args, kwargs))
             return active.call(name, func, args, kwargs)
 
         wrapper.__name__ = getattr(func, "__name__", attr)
