@@ -4,7 +4,9 @@ In data parallel every rank holds the same tensor after an all_reduce, a broadca
 all_gather. The k-th collective of a step is the same event on every rank, so its
 recorded result (md5 where the dump has one, else Max/Min/Mean/Norm) must agree across
 ranks; a rank whose result differs from the majority's has a bad card, link or kernel.
-Only the dump of one run is needed.
+Where no majority can tell (two ranks), a default all_reduce (sum) still can: its
+result's mean must be the sum of the ranks' input means. Only the dump of one run is
+needed.
 
     from probe import check_ranks
     report = check_ranks("dump_root")          # step*/rank*/dump.json
@@ -47,6 +49,7 @@ class RanksReport:
     ranks: list
     checked: int = 0           # collective events compared across ranks
     mismatches: list = field(default_factory=list)
+    undecided: list = field(default_factory=list)   # results differ, who is wrong unknown
     notes: list = field(default_factory=list)
 
     @property
@@ -60,9 +63,11 @@ class RanksReport:
     def lines(self) -> list:
         out = [f"check-ranks {self.root}: {len(self.steps)} step(s) x {len(self.ranks)} rank(s), "
                f"{self.checked} collective result(s) compared across ranks"]
-        if not self.mismatches:
+        if not self.mismatches and not self.undecided:
             out.append("no rank's collective result differs from the others'" if self.checked
                        else "nothing compared")
+        for m in self.undecided:
+            out.append(f"step {m.step} {m.name} (collective #{m.event}): {m.detail}")
         for m in self.mismatches:
             out.append(f"step {m.step} {m.name} (collective #{m.event}): rank(s) "
                        f"{', '.join(map(str, m.ranks))} differ from rank(s) "
@@ -88,14 +93,47 @@ def _leaves(x, out):
 
 
 def _collectives(path: str) -> list:
-    """[(name, op, [tensor summaries of the result])] in call order."""
+    """[(name, op, [result tensor summaries], [input tensor summaries] or None)] in call
+    order; the inputs only of a default (sum) all_reduce, whose result's mean must be
+    the sum of the ranks' input means."""
     out = []
     for name, entry in read_dump(path):
         op = collective_op(name)
         if op is None or not isinstance(entry, dict):
             continue
-        out.append((name, op, _leaves(entry.get("output"), [])))
+        args = entry.get("input_args") or []
+        summed = op == "all_reduce" and not (entry.get("input_kwargs") or {}).get("op") and len(args) < 2
+        out.append((name, op, _leaves(entry.get("output"), []),
+                    _leaves(args[:1], []) if summed else None))
     return out
+
+
+_MEAN_TOL = {"torch.bfloat16": 1e-2, "torch.float16": 1e-2}
+
+
+def _off_sum(calls: dict) -> list | None:
+    """Ranks whose all_reduce result's mean is not the sum of every rank's input mean
+    (relative to the result's RMS): who is wrong where no majority can tell (2 ranks)."""
+    if any(c[3] is None for c in calls.values()):
+        return None
+    n = {len(c[3]) for c in calls.values()} | {len(c[2]) for c in calls.values()}
+    if len(n) != 1:
+        return None
+    bad = []
+    for r, (_, _, res, _) in calls.items():
+        for j, t in enumerate(res):
+            want = sum(_num(c[3][j].get("Mean")) for c in calls.values())
+            numel = 1
+            for d in t.get("shape") or []:
+                numel *= d
+            rms = _num(t.get("Norm")) / max(numel, 1) ** 0.5
+            dev = abs(_num(t.get("Mean")) - want) / max(rms, 1e-30)
+            if not math.isfinite(dev):
+                return None
+            if dev > _MEAN_TOL.get(t.get("dtype"), 1e-5):
+                bad.append(r)
+                break
+    return bad if 0 < len(bad) < len(calls) else None
 
 
 def _signature(results: list, use_md5: bool) -> tuple:
@@ -158,7 +196,7 @@ def check_ranks(root: str, rtol: float = 1e-6) -> RanksReport:
                                 f"the first {min(lengths.values())}")
         for k in range(min(lengths.values())):
             calls = {r: s[k] for r, s in seqs.items()}
-            ops = {op for _, op, _ in calls.values()}
+            ops = {c[1] for c in calls.values()}
             if len(ops) > 1:
                 report.notes.append(f"step {step}: collective #{k} is {sorted(ops)} on different "
                                     f"ranks: the ranks' collectives are out of step from here")
@@ -166,7 +204,7 @@ def check_ranks(root: str, rtol: float = 1e-6) -> RanksReport:
             op = ops.pop()
             if op not in IDENTICAL_ON_ALL_RANKS:
                 continue
-            results = {r: res for r, (_, _, res) in calls.items()}
+            results = {r: c[2] for r, c in calls.items()}
             if not all(results.values()):
                 unrecorded += 1
                 continue
@@ -177,12 +215,23 @@ def check_ranks(root: str, rtol: float = 1e-6) -> RanksReport:
             tol = 0.0 if use_md5 else rtol
             agree = [r for r, s in sigs.items() if _close(s, majority_sig, tol)]
             differ = [r for r in sigs if r not in agree]
-            if differ:
-                ref = agree[0]
-                report.mismatches.append(Mismatch(
-                    step, k, calls[ref][0], differ, agree,
-                    _describe(sigs[differ[0]], sigs[ref], use_md5)
-                    + ("" if len(agree) > len(differ) else " (no clear majority)")))
+            if not differ:
+                continue
+            how = ""
+            if len(agree) <= len(differ):        # no majority: the sum of the inputs decides
+                off = _off_sum(calls)
+                if off is None:
+                    report.undecided.append(Mismatch(
+                        step, k, calls[agree[0]][0], [], [],
+                        "ranks disagree and no majority or input sum tells which is wrong: "
+                        + "; ".join(f"rank{r} {[f'{v:.6g}' for v in sigs[r][0]] if sigs[r] else '-'}"
+                                    for r in sigs)))
+                    continue
+                differ, agree = off, [r for r in sigs if r not in off]
+                how = " (no majority: the result's mean is not the sum of the ranks' input means)"
+            ref = agree[0]
+            report.mismatches.append(Mismatch(step, k, calls[ref][0], differ, agree,
+                                              _describe(sigs[differ[0]], sigs[ref], use_md5) + how))
     if unrecorded:
         report.notes.append(f"{unrecorded} collective call(s) have no recorded result "
                             f"(\"output\": [null], a dump made before probe recorded them): not checked")

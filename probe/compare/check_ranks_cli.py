@@ -1,6 +1,6 @@
 """``probe check-ranks ROOT``: ranks whose collective results differ from the others'.
 
-Exit status 0 when every compared result agrees, 1 when some rank differs (for CI)."""
+Exit status 0 when every compared result agrees, 1 when some rank's differs (for CI)."""
 from __future__ import annotations
 
 import json
@@ -29,4 +29,4 @@ def run(args) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(dict(asdict(report), bad_ranks=report.bad_ranks), fh, indent=1)
-    return 1 if report.mismatches else 0
+    return 1 if report.mismatches or report.undecided else 0
