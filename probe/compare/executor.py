@@ -58,17 +58,28 @@ def dask_executor(scheduler: str):
 
 
 def map_pairs(fn, jobs: list, executor=None, scheduler: str | None = None,
-              processes: int | None = None):
+              processes: int | None = None, on_error=None):
     """Yield ``fn(job)`` for every job, as each finishes (``fn`` must be a module-level
-    function of the library: workers import it by name)."""
+    function of the library: workers import it by name). ``on_error(job, exc)``: what to
+    yield for a job whose worker died (a crashed process, a lost Dask worker) instead of
+    raising."""
+    def outcome(fut, job):
+        try:
+            return fut.result()
+        except Exception as exc:
+            if on_error is None:
+                raise
+            log.warning("probe compare: a worker failed on %s: %s", getattr(job, "key", job), exc)
+            return on_error(job, exc)
+
     client = None
     if executor is None and scheduler:
         executor, client = dask_executor(scheduler)
     try:
         if executor is not None:
-            futures = [executor.submit(fn, job) for job in jobs]
+            futures = {executor.submit(fn, job): job for job in jobs}
             for fut in as_completed(futures):
-                yield fut.result()
+                yield outcome(fut, futures[fut])
             return
         n = local_processes(len(jobs), processes)
         if n == 1:
@@ -80,9 +91,9 @@ def map_pairs(fn, jobs: list, executor=None, scheduler: str | None = None,
         pool = ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"))
         try:
             with library_main():             # workers start inside submit()
-                futures = [pool.submit(fn, job) for job in jobs]
+                futures = {pool.submit(fn, job): job for job in jobs}
             for fut in as_completed(futures):
-                yield fut.result()
+                yield outcome(fut, futures[fut])
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     finally:

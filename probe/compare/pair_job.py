@@ -91,6 +91,11 @@ class PairOutcome:
     host: str = ""
 
 
+def lost_pair(job: PairJob, exc: BaseException) -> PairOutcome:
+    """The outcome of a pair whose worker process died."""
+    return PairOutcome(job.key, job.step, job.rank, error=f"worker lost ({type(exc).__name__}: {exc})")
+
+
 def run_pair(job: PairJob) -> PairOutcome:
     """The worker function: never raises (a failed pair is one cell of the run's grid)."""
     import socket

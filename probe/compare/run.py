@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .causality import first_of_run, judge_step
 from .layout import find_dumps, label, order, pair_dumps, rank_number, step_number, tag_for
-from .pair_job import PairJob, run_pair
+from .pair_job import PairJob, lost_pair, run_pair
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
             for key, a, b in pairs]
     from .executor import map_pairs
     outcomes = list(map_pairs(run_pair, jobs, executor=executor, scheduler=scheduler,
-                              processes=processes))
+                              processes=processes, on_error=lost_pair))
     outcomes.sort(key=lambda o: order(o.key))
     summary = build_summary(npu_root, bench_root, outcomes, unpaired, notes)
     summary_path = os.path.join(output_path, SUMMARY)
