@@ -144,7 +144,8 @@ def judge_step(timelines: dict) -> dict:
             cells[r] = Cell("inherits", m, f"{m.name} differs because rank {r2} diverged first "
                                            f"({marks[r2].name}), before {through}", r2)
         elif m.kind == "introduced":
-            reason = "introduces error"
+            reason = (f"its output differs (error {_g(m.output_error)}) while its inputs agree "
+                      f"(error {_g(m.input_error)}), before any other rank diverged")
             if m.collective:
                 agree = [r2 for r2, t2 in timelines.items() if r2 != r and t2 is not None
                          and _input_agrees(t2, m.epoch)]
@@ -156,6 +157,10 @@ def judge_step(timelines: dict) -> dict:
             cells[r] = Cell("inputs_differ", m, "its inputs already differ, though no compared call "
                                                 "before it introduced error")
     return cells
+
+
+def _g(x) -> str:
+    return f"{x:.3g}" if isinstance(x, (int, float)) else "-"
 
 
 def _collective_name(t: Timeline, k: int) -> str:

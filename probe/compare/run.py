@@ -126,16 +126,21 @@ def build_summary(npu_root: str, bench_root: str, outcomes: list, unpaired: list
     if found is not None:
         (s, r), c = found
         o = outcome_at[s, r]
+        heirs = sorted(r2 for (s2, r2), v in cells.items() if s2 == s and v.source == r)
+        reason = c.reason + (f"; rank{'s' if len(heirs) > 1 else ''} {', '.join(map(str, heirs))} "
+                             f"inherit{'' if len(heirs) > 1 else 's'} it through the collectives"
+                             if heirs else "")
         first = {"name": c.mark.name, "step": s, "rank": r, "direction": c.mark.direction,
-                 "kind": c.mark.kind, "reason": c.reason, "report": o.report, "html": o.html}
+                 "kind": c.mark.kind, "reason": reason, "report": o.report, "html": o.html}
         others = sorted((k, v) for k, v in cells.items()
                         if v.verdict == "introduces" and k != (s, r) and k[0] == s)
         for (s2, r2), v in others:
             notes.append(f"also introduces error at step {s2}, rank {r2}: {v.mark.name}")
         later = sorted({k[0] for k, v in cells.items() if k[0] > s and v.verdict != "clean"})
         if later:
-            notes.append(f"steps {', '.join(map(str, later))} come after the first divergence "
-                         f"(step {s}): their differences follow from it (weights differ since step {s})")
+            notes.append(f"step{'s' if len(later) > 1 else ''} {', '.join(map(str, later))} "
+                         f"come{'' if len(later) > 1 else 's'} after the first divergence (step {s}): "
+                         f"the differences there follow from it (weights differ since step {s})")
     return {"schema": SCHEMA, "npu_root": npu_root, "bench_root": bench_root,
             "first_divergence": first, "steps": steps, "ranks": ranks, "grid": grid,
             "unpaired": [{"side": side, "step": step_number(k), "rank": rank_number(k)}
