@@ -127,8 +127,9 @@ def test_unpaired_rank_and_missing_step_are_named_not_fatal(runs, tmp_path, caps
     shutil.copytree(os.path.join(runs, "bench"), bench)
     shutil.rmtree(os.path.join(bench, "step2"))                 # the bench stopped a step early
     shutil.rmtree(os.path.join(npu, "step0", "rank1"))          # one rank's dump is gone
-    rc, _, err = _cli(["compare", "-o", str(tmp_path / "o"), "--npu", npu, "--bench", bench,
-                       "--processes", "1"], capsys)
+    cfg = tmp_path / "compare.json"          # msprobe's -i form, with two roots
+    cfg.write_text(json.dumps({"npu_path": npu, "bench_path": bench}))
+    rc, _, err = _cli(["compare", "-i", str(cfg), "-o", str(tmp_path / "o"), "--processes", "1"], capsys)
     assert rc == 0
     with open(tmp_path / "o" / "compare_summary.json") as fh:
         s = json.load(fh)
@@ -137,6 +138,7 @@ def test_unpaired_rank_and_missing_step_are_named_not_fatal(runs, tmp_path, caps
     assert [_cell(s, st, r)["verdict"] for st, r in ((0, 1), (2, 0), (2, 1))] == ["missing"] * 3
     assert s["first_divergence"]["name"] == "Functional.gelu.0.forward"
     assert "only the bench side has step0/rank1" in err and "only the NPU side has step2/rank1" in err
+    assert "first divergence: Functional.gelu.0.forward (forward) at step 1, rank 1" in err
 
 
 def test_a_plain_script_without_main_guard_runs_the_pool_once(runs, tmp_path):
