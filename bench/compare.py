@@ -9,7 +9,11 @@
    extra API call a third of the way in (sequence shift): the alignment alone (target: a
    few seconds) and the whole compare with diagnosis, end to end;
 4. tensor mode on synthetic .npy dumps (target >= 200 MB/s of tensor data);
-5. ``probe --help`` (target < 0.3 s).
+5. ``probe --help`` (target < 0.3 s);
+6. a whole run (``--run-only`` for this case alone): a synthetic tree of 16 ranks x 4 steps
+   of 20k-entry statistics dumps (``--run-ranks/--run-steps/--run-entries`` to scale), one
+   fault at one step/rank; wall time with 1 local worker process, with one per core, and
+   on a 2-worker Dask LocalCluster; peak memory of the whole process tree; per-pair time.
 """
 import argparse
 import glob
@@ -55,7 +59,7 @@ def _pss_mb(pid: int) -> float:
     return 0.0
 
 
-def timed(cmd, env=None):
+def timed(cmd, env=None, capture=False):
     """Wall time and peak memory (MB) of a child process and its helper processes.
 
     Memory is the peak over 0.1 s samples of the summed PSS of the process tree (pages
@@ -65,8 +69,8 @@ def timed(cmd, env=None):
     import resource
     import threading
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     peak = [0.0]
 
     def sample():
@@ -76,13 +80,15 @@ def timed(cmd, env=None):
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    err = proc.communicate()[1]
+    out, err = proc.communicate()
     wall = time.perf_counter() - t
     sampler.join()
     if proc.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-1500:]}")
     if not peak[0]:
         peak[0] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    if capture:
+        return wall, peak[0], out
     return wall, peak[0]
 
 
@@ -211,6 +217,91 @@ def synth_tensor(root, n, numel, seed, noise):
     return os.path.join(rank, "dump.json"), sum(os.path.getsize(p) for p in glob.glob(data_dir + "/*"))
 
 
+def synth_run(root, ranks, steps, n_entries, fault=None, every=1000):
+    """A run's two dump trees, ``root/{npu,bench}/step{s}/rank{r}/dump.json``, written fast:
+    one bench dump (a ``Distributed.all_reduce`` every ``every`` calls) hard-linked into
+    every place on both sides, and one NPU dump with entry ``fault[2]``'s output scaled
+    by 1.01 at step ``fault[0]``, rank ``fault[1]`` (default: step 1, rank 5, 60% in). Returns (npu root, bench root, MB a dump)."""
+    fault = fault or (min(1, steps - 1), min(5, ranks - 1), int(n_entries * 0.6))
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(0)
+    vals = rng.standard_normal((n_entries, 3, 4))
+    src = {}
+    for name, scale_at in (("clean", None), ("fault", fault[2])):
+        path = os.path.join(root, f"{name}.json")
+        counters = {}
+        with open(path, "w") as fh:
+            fh.write('{"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": null, "data": {')
+            for i in range(n_entries):
+                api = "Distributed.all_reduce" if i % every == every - 1 else "Functional.linear"
+                k = counters[api] = counters.get(api, -1) + 1
+                t = [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [64, 128],
+                      "Max": abs(v[0]) + 1, "Min": -abs(v[1]) - 1, "Mean": v[2] * 0.01,
+                      "Norm": abs(v[3]) + 50, "requires_grad": True} for v in vals[i]]
+                if i == scale_at:
+                    t[2] = {**t[2], **{s: t[2][s] * 1.01 for s in ("Max", "Min", "Mean", "Norm")}}
+                entry = {"input_args": t[:2], "input_kwargs": {}, "output": t[2:]}
+                fh.write(("," if i else "") + json.dumps(f"{api}.{k}.forward") + ":" + json.dumps(entry))
+            fh.write("}}")
+        src[name] = path
+    for side in ("npu", "bench"):
+        for s in range(steps):
+            for r in range(ranks):
+                d = os.path.join(root, side, f"step{s}", f"rank{r}")
+                os.makedirs(d)
+                bad = side == "npu" and (s, r) == fault[:2]
+                os.link(src["fault" if bad else "clean"], os.path.join(d, "dump.json"))
+    return os.path.join(root, "npu"), os.path.join(root, "bench"), os.path.getsize(src["clean"]) / 1e6
+
+
+_RUN_DRIVER = """
+import json, sys, time
+from probe.compare import compare_run
+npu, bench, out, how = sys.argv[1:5]
+kw, cluster = {}, None
+if how == "dask":
+    from distributed import LocalCluster
+    cluster = LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None)
+    kw["scheduler"] = cluster.scheduler_address
+else:
+    kw["processes"] = int(how)
+t = time.perf_counter()
+run = compare_run(npu, bench, out, **kw)
+wall = time.perf_counter() - t
+fd = run.summary["first_divergence"] or {}
+print(json.dumps({"compare_s": wall, "pair_s": [o.seconds for o in run.outcomes],
+                  "first": [fd.get("name"), fd.get("step"), fd.get("rank")]}))
+if cluster is not None:
+    cluster.close()
+"""
+
+
+def whole_run(tmp, ranks, steps, entries):
+    npu, bench, mb = synth_run(os.path.join(tmp, "run"), ranks, steps, entries)
+    n = ranks * steps
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"whole run: {ranks} ranks x {steps} steps = {n} pairs of {entries // 1000}k-entry "
+          f"statistics dumps ({mb:.0f} MB each), {cores} cores")
+    base = None
+    for how, label in (("1", "1 local process"), (str(cores), f"{cores} local processes (one per core)"),
+                       ("dask", "Dask LocalCluster, 2 workers")):
+        if how == "dask":
+            try:
+                import distributed  # noqa: F401
+            except ImportError:
+                print(f"{'  ' + label:<44} skipped: pip install 'probe[dask]'")
+                continue
+        out = os.path.join(tmp, f"run_out_{how}")
+        wall, peak, text = timed([sys.executable, "-c", _RUN_DRIVER, npu, bench, out, how], capture=True)
+        res = json.loads(text.strip().splitlines()[-1])
+        per = sorted(res["pair_s"])
+        base = base or res["compare_s"]
+        print(f"{'  ' + label:<44} {res['compare_s']:8.2f} s {peak:7.0f} MB   "
+              f"per pair {per[len(per) // 2]:.2f} s (median), {n / res['compare_s']:.2f} pairs/s, "
+              f"x{base / res['compare_s']:.2f} vs 1 process; process {wall:.1f} s; first {res['first']}")
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--msprobe", default=shutil.which("msprobe") or
@@ -218,8 +309,19 @@ def main():
     ap.add_argument("--entries", type=int, default=100_000)
     ap.add_argument("--skip-100k", action="store_true")
     ap.add_argument("--skip-tensor", action="store_true")
+    ap.add_argument("--skip-run", action="store_true", help="skip the whole-run case")
+    ap.add_argument("--run-only", action="store_true", help="only the whole-run case")
+    ap.add_argument("--run-ranks", type=int, default=16)
+    ap.add_argument("--run-steps", type=int, default=4)
+    ap.add_argument("--run-entries", type=int, default=20_000)
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="probe_bench_")
+    if args.run_only:
+        try:
+            whole_run(tmp, args.run_ranks, args.run_steps, args.run_entries)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     print(f"{'case':<44} {'probe':>20}   {'msprobe':>20}   target")
     try:
         # 1. the mix-level statistics pair of the fixtures
@@ -280,6 +382,10 @@ def main():
         # 5. CLI start-up
         best = min(timed([sys.executable, "-m", "probe", "--help"])[0] for _ in range(3))
         print(f"{'probe --help':<44} {best:8.3f} s{'':34}< 0.3 s")
+
+        # 6. a whole run
+        if not args.skip_run:
+            whole_run(tmp, args.run_ranks, args.run_steps, args.run_entries)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -20,6 +20,8 @@ _EXPORTS = {
     "ConfigError": "probe.config",
     "compare": "probe.compare",
     "compare_distributed": "probe.compare",
+    "compare_run": "probe.compare",
+    "check_ranks": "probe.compare",
     "OpAutoCompare": "probe.toolbox",
     "OpFallback": "probe.toolbox",
     "OpDtypeCast": "probe.toolbox",

@@ -13,6 +13,7 @@ COMMANDS = {
     "init": ("probe.init_config", "write an editable config.json and support_wrap_ops.yaml"),
     "demo": ("probe.demo_cli", "dump a small model as bf16 'NPU' and fp32 'bench' runs and compare them"),
     "compare": ("probe.compare.cli", "compare an NPU dump with a bench dump into an Excel report"),
+    "check-ranks": ("probe.compare.check_ranks_cli", "find ranks whose collective results differ from the other ranks' (one run, no bench)"),
     "run-ut": ("probe.precheck.run_ut_cli", "pre-check every dumped API against a float64 golden on a trusted device"),
     "overflow": ("probe.precheck.overflow_cli", "find the first API that produced Inf/NaN in a dump"),
     "repro": ("probe.forensics.repro_cli", "write a standalone script that reruns one dumped API call"),

@@ -267,7 +267,7 @@ def test_distributed_and_cli(tmp_path, capsys):
                                 processes=2)
     names = sorted(os.path.basename(p) for p in paths)
     assert os.path.isfile(tmp_path / "o" / "compare_summary.json")     # not among the returned paths
-    assert len(names) == 6 and names[0].startswith("compare_result_step0_rank0_")
+    assert len(names) == 7 and names[0].startswith("compare_result_step0_rank0_")
     assert sum(n.startswith("compare_summary_step0_rank1_") for n in names) == 1
     parser = argparse.ArgumentParser()
     add_arguments(parser)

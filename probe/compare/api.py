@@ -1,11 +1,11 @@
 """Entry points: msprobe's ``compare(input_param, output_path, ...)`` and a directory-tree
-``compare_distributed``.  Both return the paths they wrote."""
+``compare_distributed`` (a whole run: see run.py).  Both return the paths they wrote."""
 from __future__ import annotations
 
 import os
 import sys
 
-from .layout import pair_dumps, tag_for
+from .pair_job import compare_pair
 
 
 def _param(d: dict, *keys):
@@ -29,9 +29,6 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     by name (msprobe); ``fuzzy_match`` pairs the k-th call of each API. ``auto_analyze``
     adds the diagnosis (first divergence, Diagnosis sheet, summary json).
     """
-    from .diagnosis import diagnose, mark_rows, noise_floor
-    from .engine import compare_dumps, gc_paused
-    from .report import diagnosis_lines, summary_rows, write_report
     if not isinstance(dump_result_param, dict):
         raise ValueError("dump_result_param must be a dict with npu_json_path and bench_json_path")
     npu = _param(dump_result_param, "npu_json_path", "npu_path")
@@ -49,64 +46,44 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     if bench2 and not os.path.isfile(bench2):
         raise FileNotFoundError(f"dump.json not found: {bench2}")
     verbose = dump_result_param.get("is_print_compare_log", True)
-    workers = kwargs.get("workers")
-    with gc_paused():          # millions of live containers, next to no cycles: see engine
-        result = compare_dumps(npu, bench, stack, stack_mode=stack_mode, fuzzy_match=fuzzy_match,
-                               workers=workers, progress=kwargs.get("progress", verbose),
-                               align=align)
-        diag = None
-        if auto_analyze:
-            noise = noise_floor(bench, bench2, workers=workers, align=align) if bench2 else None
-            diag = diagnose(result, noise, replay=kwargs.get("replay"),
-                            progress=kwargs.get("progress", verbose))
-            mark_rows(result, diag)
-        paths = write_report(result, output_path, kwargs.get("tag", ""), diag, bench2)
+    pr = compare_pair(npu, bench, output_path, tag=kwargs.get("tag", ""), stack_json=stack,
+                      bench2_json=bench2, stack_mode=stack_mode, fuzzy_match=fuzzy_match,
+                      align=align, auto_analyze=auto_analyze, workers=kwargs.get("workers"),
+                      progress=kwargs.get("progress", verbose), replay=kwargs.get("replay"))
     if verbose:
+        from .report import diagnosis_lines, summary_rows
+        result = pr.result
         for note in result.notes:
             print(f"[probe compare] {note}", file=sys.stderr)
         counts = {k: v for k, v in summary_rows(result) if k in ("pass", "warning", "error")}
         print(f"[probe compare] {result.mode} mode, {result.n_rows} rows: "
               + ", ".join(f"{k} {v}" for k, v in counts.items()), file=sys.stderr)
-        if diag is not None:
-            import json
-            with open(paths[-1], encoding="utf-8") as fh:
-                digest = json.load(fh)
-            for key, value in diagnosis_lines(digest):
+        if pr.summary is not None:
+            for key, value in diagnosis_lines(pr.summary):
                 if "stack" not in key:
                     print(f"[probe compare] {key}: {value}", file=sys.stderr)
-    return paths
+    return pr.paths
 
 
-def _one(job):
-    key, npu, bench, output_path, kw = job
-    return compare({"npu_json_path": npu, "bench_json_path": bench, "is_print_compare_log": False},
-                   output_path, tag=tag_for(key) or "single", progress=False, workers=1, **kw)
+def compare_distributed(npu_dir: str, bench_dir: str, output_path: str, *,
+                        bench2_dir: str | None = None, executor=None, scheduler: str | None = None,
+                        processes: int | None = None, verbose: bool = True, **kwargs) -> list:
+    """Compare every step*/rank* dump pair of two dump trees and answer for the whole run.
 
-
-def compare_distributed(npu_dir: str, bench_dir: str, output_path: str, **kwargs) -> list:
-    """Compare every step*/rank* dump pair of two dump trees, in parallel processes.
-
-    ``rank``, ``rankN`` and ``procN`` directories are accepted; a single dump on each side
-    pairs whatever its directory is called.  Ranks present on one side only are reported.
+    Writes each pair's files (tagged ``step1_rank0``), ``compare_summary.json`` for the
+    run (schema ``probe.run_summary/1``: the first divergence across steps and ranks,
+    the steps x ranks grid) and ``compare_run_{timestamp}.xlsx``; returns the pairs'
+    paths and the run workbook's. ``rank``, ``rankN`` and ``procN`` directories are
+    accepted; a single dump on each side pairs whatever its directory is called; dumps on
+    one side only are named in the summary. Pairs run in local worker processes
+    (``processes``, default one per core), or on Dask: ``scheduler`` (an address) or
+    ``executor`` (e.g. ``Client(...).get_executor()``). Safe to call from a script without
+    an ``if __name__ == "__main__":`` guard. ``compare_run`` returns the summary too.
     """
-    pairs, unpaired = pair_dumps(npu_dir, bench_dir)
-    for side, key in unpaired:
-        print(f"[probe compare] only the {side} side has {'/'.join(k for k in key if k)}: skipped",
-              file=sys.stderr)
-    if not pairs:
-        raise FileNotFoundError(f"no matching step/rank dumps between {npu_dir} and {bench_dir}")
-    kw = {k: kwargs[k] for k in ("stack_mode", "fuzzy_match", "align", "auto_analyze") if k in kwargs}
-    jobs = [(key, a, b, output_path, kw) for key, a, b in pairs]
-    procs = kwargs.get("processes") or min(len(jobs), os.cpu_count() or 1)
-    paths = []
-    if procs <= 1 or len(jobs) == 1:
-        for job in jobs:
-            paths.extend(_one(job))
-        return paths
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-    ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
-    with ProcessPoolExecutor(max_workers=procs, mp_context=ctx) as pool:
-        for result in pool.map(_one, jobs):
-            paths.extend(result)
-    return paths
+    from .run import answer_lines, compare_run
+    run = compare_run(npu_dir, bench_dir, output_path, bench2_root=bench2_dir, executor=executor,
+                      scheduler=scheduler, processes=processes, **kwargs)
+    if verbose:
+        for line in answer_lines(run.summary):
+            print(f"[probe compare] {line}", file=sys.stderr)
+    return run.paths

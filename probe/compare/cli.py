@@ -17,15 +17,27 @@ def add_arguments(parser) -> None:
     parser.add_argument("--align", choices=("auto", "on", "off"), default="auto",
                         help="align the two call sequences: when they differ (auto), always, "
                              "or never (pair by name, as msprobe)")
-    parser.add_argument("--bench2", help="a second bench dump.json of the same program: "
-                        "run-to-run noise per API, so nondeterminism is not blamed")
+    parser.add_argument("--bench2", help="a second bench dump of the same program (a dump.json, "
+                        "or a dump root paired by step/rank): run-to-run noise per API, so "
+                        "nondeterminism is not blamed")
+    parser.add_argument("--no-replay", dest="replay", action="store_false", default=None,
+                        help="tensor dumps: judge calls by their jump instead of re-running each "
+                             "differing call on the NPU side's own inputs (faster, less exact)")
+    parser.add_argument("--scheduler", metavar="ADDRESS", help="dump roots: compare the pairs on "
+                        "this Dask cluster (tcp://host:8786; needs probe[dask] and the dumps on a "
+                        "shared file system) instead of local processes")
+    parser.add_argument("--processes", type=int, help="dump roots: local worker processes "
+                        "(default: one per core, at most one per pair)")
 
 
 def run(args) -> int:
     from .api import compare, compare_distributed
     kw = {"stack_mode": args.stack_mode, "fuzzy_match": args.fuzzy_match,
-          "align": {"auto": None, "on": True, "off": False}[getattr(args, "align", "auto")]}
+          "align": {"auto": None, "on": True, "off": False}[getattr(args, "align", "auto")],
+          "replay": getattr(args, "replay", None)}
     bench2 = getattr(args, "bench2", None)
+    run_kw = {"bench2_dir": bench2, "scheduler": getattr(args, "scheduler", None),
+              "processes": getattr(args, "processes", None), **kw}
     if args.input_path:
         if not os.path.isfile(args.input_path):
             raise FileNotFoundError(f"compare.json not found: {args.input_path}")
@@ -37,7 +49,8 @@ def run(args) -> int:
         npu = param.get("npu_json_path") or param.get("npu_path")
         bench = param.get("bench_json_path") or param.get("bench_path")
         if npu and bench and os.path.isdir(npu) and os.path.isdir(bench):
-            paths = compare_distributed(npu, bench, args.output_path, **kw)
+            run_kw["bench2_dir"] = bench2 or param.get("bench2_json_path") or param.get("bench2_path")
+            paths = compare_distributed(npu, bench, args.output_path, **run_kw)
         else:
             if bench2:
                 param["bench2_json_path"] = bench2
@@ -46,12 +59,20 @@ def run(args) -> int:
         for p in (args.npu, args.bench):
             if not os.path.exists(p):
                 raise FileNotFoundError(f"no such dump: {p}")
-        if os.path.isfile(args.npu) and os.path.isfile(args.bench):
-            paths = compare({"npu_json_path": args.npu, "bench_json_path": args.bench,
+        from .layout import find_dumps
+        npu, bench = find_dumps(args.npu), find_dumps(args.bench)
+        if len(npu) == 1 and len(bench) == 1:      # two dump.json files or rank dirs: one pair
+            if bench2:
+                b2 = find_dumps(bench2)
+                if len(b2) != 1:
+                    raise ValueError(f"--bench2 {bench2}: one dump expected for one pair, found {len(b2)}")
+                bench2 = next(iter(b2.values()))
+            paths = compare({"npu_json_path": next(iter(npu.values())),
+                             "bench_json_path": next(iter(bench.values())),
                              "bench2_json_path": bench2, "is_print_compare_log": True},
                             args.output_path, **kw)
         else:
-            paths = compare_distributed(args.npu, args.bench, args.output_path, **kw)
+            paths = compare_distributed(args.npu, args.bench, args.output_path, **run_kw)
     else:
         raise ValueError("give -i compare.json, or --npu PATH and --bench PATH")
     for p in paths:

@@ -17,7 +17,6 @@ import numpy as np
 
 from . import verdict as vd
 from .construct import load_modules
-from .forked import Forked
 from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
 from .reader import DumpMeta, read_dump
@@ -94,49 +93,10 @@ def gc_paused():
             gc.enable()
 
 
-_PARALLEL_READ_BYTES = 16 << 20     # read the bench side in a helper process from this size on
-
-
 def read_sides(npu_json: str, bench_json: str) -> tuple[Side, Side]:
-    """Both sides; a big bench dump is read by a forked helper meanwhile (decoding JSON
-    is most of a big compare's reading and the two files are independent)."""
-    big = _size(npu_json) + _size(bench_json) >= _PARALLEL_READ_BYTES
-    bench = Forked(lambda: _read_packed(bench_json), enabled=big)
-    try:
-        npu = read_side(npu_json)
-    except BaseException:
-        bench.cancel()
-        raise
-    return npu, _unpack(bench.result())
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
-_ROW_FIELDS = Row.__slots__
-
-
-def _read_packed(path: str):
-    """Helper process: a side with its rows as one list per field (pickles ~10x faster
-    than row objects; repeated strings and shapes are pickled once), the statistics as
-    one float64 array (their bytes, not 1M float objects)."""
-    side = read_side(path)
-    rows, side.rows = side.rows, []
-    fields = [np.array([r.stats for r in rows], dtype=np.float64).reshape(-1, 4) if f == "stats"
-              else [getattr(r, f) for r in rows] for f in _ROW_FIELDS]
-    return side, fields
-
-
-def _unpack(packed) -> Side:
-    side, fields = packed
-    k = _ROW_FIELDS.index("stats")
-    fields[k] = map(tuple, fields[k].tolist())
-    side.rows = list(map(Row, *fields))
-    return side
+    """Both sides, one after the other, in this process: one compare is one process's
+    work (a run's pairs are spread over processes, one per pair: see executor)."""
+    return read_side(npu_json), read_side(bench_json)
 
 
 def read_side(path: str) -> Side:

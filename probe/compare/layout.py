@@ -39,7 +39,8 @@ def find_dumps(path: str) -> dict:
 
 
 def pair_dumps(npu_path: str, bench_path: str):
-    """[(key, npu_json, bench_json)] for the keys both sides have, and the unpaired keys.
+    """[(key, npu_json, bench_json)] for the keys both sides have, and the unpaired
+    [(side, key)] with side "npu" or "bench".
 
     A single dump on each side pairs regardless of names (proc<pid> differs per run).
     """
@@ -47,10 +48,34 @@ def pair_dumps(npu_path: str, bench_path: str):
     if len(npu) == 1 and len(bench) == 1:
         (k, a), (_, b) = next(iter(npu.items())), next(iter(bench.items()))
         return [(k, a, b)], []
-    pairs = [(k, npu[k], bench[k]) for k in sorted(npu) if k in bench]
-    unpaired = [("NPU", k) for k in sorted(npu) if k not in bench] + \
-               [("bench", k) for k in sorted(bench) if k not in npu]
+    pairs = [(k, npu[k], bench[k]) for k in sorted(npu, key=order) if k in bench]
+    unpaired = [("npu", k) for k in sorted(npu, key=order) if k not in bench] + \
+               [("bench", k) for k in sorted(bench, key=order) if k not in npu]
     return pairs, unpaired
+
+
+def step_number(key) -> int:
+    """The step of a key as a number ("step12" -> 12; a tree without step dirs -> 0)."""
+    m = _STEP.match(key[0] or "")
+    return int(m.group(1)) if m else 0
+
+
+def rank_number(key) -> int:
+    """The rank of a key as a number ("3" -> 3; a "rank" or procN dir -> 0)."""
+    return int(key[1]) if key[1] and key[1].isdigit() else 0
+
+
+def order(key) -> tuple:
+    """Numeric order: step2 before step10, rank2 before rank10."""
+    return step_number(key), rank_number(key), key
+
+
+def label(key) -> str:
+    """What a person reads: "step1/rank0", "rank1", "step1/rank" (never empty)."""
+    step, rank = key
+    parts = [step] if step else []
+    parts.append(f"rank{rank}")
+    return "/".join(parts)
 
 
 def tag_for(key) -> str:

@@ -1,0 +1,125 @@
+"""One step/rank pair of a run: compare, report, digest; the unit of work of a whole-run
+compare, run in a worker process (local pool or Dask), so it lives here, in the library:
+a worker imports probe, never the user's script.
+
+The worker writes the pair's own files (xlsx, csv, compare_summary json, its Parquet
+part) and sends back only a small ``PairOutcome``: what the run-level answer needs (the
+pair's first divergence placed among the collectives, and the collective calls), not its
+rows, so a run of thousands of ranks gathers kilobytes per pair.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from .causality import Timeline, epochs, timeline
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PairResult:
+    """A compare of one pair in this process: the paths written, the diagnosis, the digest."""
+    paths: list
+    result: object                   # engine.CompareResult
+    diagnosis: object | None         # diagnosis.Diagnosis (None without auto_analyze)
+    summary: dict | None             # the pair's compare_summary dict
+
+
+def compare_pair(npu_json: str, bench_json: str, output_path: str, *, tag: str = "",
+                 stack_json: str | None = None, bench2_json: str | None = None,
+                 stack_mode: bool = False, fuzzy_match: bool = False, align: bool | None = None,
+                 auto_analyze: bool = True, workers: int | None = None,
+                 progress: bool = False, replay: bool | None = None) -> PairResult:
+    """Compare one NPU dump.json with one bench dump.json and write its report.
+
+    ``replay``: re-run each differing call on the NPU side's inputs (default: tensor dumps)."""
+    import json
+
+    from .diagnosis import diagnose, mark_rows, noise_floor
+    from .engine import compare_dumps, gc_paused
+    from .report import write_report
+    with gc_paused():          # millions of live containers, next to no cycles: see engine
+        result = compare_dumps(npu_json, bench_json, stack_json, stack_mode=stack_mode,
+                               fuzzy_match=fuzzy_match, workers=workers, progress=progress,
+                               align=align)
+        diag = None
+        if auto_analyze:
+            noise = noise_floor(bench_json, bench2_json, workers=workers, align=align) if bench2_json else None
+            diag = diagnose(result, noise, replay=replay, progress=progress)
+            mark_rows(result, diag)      # the rows say what the diagnosis found
+        paths = write_report(result, output_path, tag, diag, bench2_json)
+    summary = None
+    if auto_analyze:
+        with open(paths[-1], encoding="utf-8") as fh:
+            summary = json.load(fh)
+    return PairResult(paths, result, diag, summary)
+
+
+@dataclass
+class PairJob:
+    """What a worker needs for one pair (plain data: pickled to local or Dask workers)."""
+    key: tuple                        # (step dir, rank id) as layout.find_dumps gives them
+    step: int
+    rank: int
+    npu_json: str
+    bench_json: str
+    output_path: str
+    tag: str
+    bench2_json: str | None = None
+    options: dict = field(default_factory=dict)   # stack_mode, fuzzy_match, align, auto_analyze
+    parquet_dir: str | None = None    # the run's diagnosis.parquet dataset, or None
+
+
+@dataclass
+class PairOutcome:
+    """What comes back from a worker."""
+    key: tuple
+    step: int
+    rank: int
+    paths: list = field(default_factory=list)
+    report: str | None = None         # the pair's compare_summary json
+    html: str | None = None           # the pair's page, when one was written
+    timeline: Timeline | None = None
+    notes: list = field(default_factory=list)
+    error: str | None = None          # why the pair failed (the run goes on)
+    seconds: float = 0.0
+    host: str = ""
+
+
+def lost_pair(job: PairJob, exc: BaseException) -> PairOutcome:
+    """The outcome of a pair whose worker process died."""
+    return PairOutcome(job.key, job.step, job.rank, error=f"worker lost ({type(exc).__name__}: {exc})")
+
+
+def run_pair(job: PairJob) -> PairOutcome:
+    """The worker function: never raises (a failed pair is one cell of the run's grid)."""
+    import socket
+    t0 = time.perf_counter()
+    out = PairOutcome(job.key, job.step, job.rank, host=f"{socket.gethostname()}:{os.getpid()}")
+    try:
+        pr = compare_pair(job.npu_json, job.bench_json, job.output_path, tag=job.tag,
+                          bench2_json=job.bench2_json, workers=1, progress=False, **job.options)
+        out.paths = pr.paths
+        if pr.summary is not None:
+            out.report = pr.paths[-1]
+            html = os.path.splitext(out.report)[0] + ".html"
+            out.html = html if os.path.isfile(html) else None
+            out.notes = list(pr.summary.get("notes") or [])
+        if pr.diagnosis is not None:
+            out.timeline = timeline(pr.diagnosis)
+            if job.parquet_dir:
+                from .parquet import write_calls
+                try:
+                    write_calls(job.parquet_dir, job.step, job.rank, pr.diagnosis.calls,
+                                epochs(pr.diagnosis.calls))
+                except ImportError as exc:
+                    out.notes.append(str(exc))
+    except Exception as exc:            # one bad pair must not end a run of thousands
+        out.error = f"{type(exc).__name__}: {exc}"
+        log.debug("pair %s failed:\n%s", job.key, traceback.format_exc())
+    out.seconds = time.perf_counter() - t0
+    return out

@@ -1,0 +1,63 @@
+"""The run workbook: ``OUT/compare_run_{timestamp}.xlsx``.
+
+Sheets: *Run* (the answer and the notes), *Pairs* (one row per step/rank pair: verdict,
+first divergence, seconds, the pair's report; red where a pair introduces error, yellow
+where it inherits or its inputs differ), *Grid* (steps down, ranks across, one verdict
+per cell: the run at a glance).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from .xlsx import Sheet, write_workbook
+
+_STYLE = {"introduces": "error", "failed": "error", "inherits": "warning",
+          "inputs_differ": "warning", "missing": "warning"}
+_MAX_GRID_RANKS = 16000          # xlsx has 16384 columns
+
+
+def run_sheet(summary: dict) -> Sheet:
+    """The answer, one line per item."""
+    from .run import answer_lines
+    fd = summary["first_divergence"] or {}
+    lines = [["NPU root", summary["npu_root"]], ["bench root", summary["bench_root"]],
+             ["steps", ", ".join(map(str, summary["steps"]))],
+             ["ranks", ", ".join(map(str, summary["ranks"]))],
+             ["first divergence", fd.get("name") or "none"]]
+    for key in ("step", "rank", "direction", "kind", "reason", "report"):
+        if fd.get(key) is not None:
+            lines.append([f"first divergence: {key}", fd[key]])
+    lines += [["", text] for text in answer_lines(summary)[1:] if not text.startswith(("first", "  "))]
+    return Sheet.from_rows("Run", ["Item", "Value"], lines, None, [28, 120],
+                           freeze_header=False, autofilter=False)
+
+
+def pairs_sheet(summary: dict, outcomes: list) -> Sheet:
+    seconds = {(o.step, o.rank): o.seconds for o in outcomes}
+    grid = summary["grid"]
+    header = ["Step", "Rank", "Verdict", "First Divergence", "Seconds", "Report"]
+    cols = [[c["step"] for c in grid], [c["rank"] for c in grid], [c["verdict"] for c in grid],
+            [c["first"] for c in grid], [seconds.get((c["step"], c["rank"])) for c in grid],
+            [c["report"] for c in grid]]
+    return Sheet("Pairs", header, cols, [_STYLE.get(c["verdict"]) for c in grid],
+                 [7, 7, 14, 48, 9, 90])
+
+
+def grid_sheet(summary: dict) -> Sheet:
+    """Steps down, ranks across."""
+    ranks = summary["ranks"][:_MAX_GRID_RANKS]
+    at = {(c["step"], c["rank"]): c["verdict"] for c in summary["grid"]}
+    header = ["Step"] + [f"rank{r}" for r in ranks]
+    cols = [list(summary["steps"])] + [[at.get((s, r)) for s in summary["steps"]] for r in ranks]
+    return Sheet("Grid", header, cols, None, [7] + [13] * len(ranks))
+
+
+def write_run_workbook(summary: dict, outcomes: list, output_path: str) -> str:
+    os.makedirs(output_path, exist_ok=True)
+    stem = os.path.join(output_path, f"compare_run_{time.strftime('%Y%m%d%H%M%S')}")
+    path, k = stem + ".xlsx", 1
+    while os.path.exists(path):
+        path, k = f"{stem}_{k}.xlsx", k + 1
+    write_workbook(path, [run_sheet(summary), pairs_sheet(summary, outcomes), grid_sheet(summary)])
+    return path

@@ -1,0 +1,229 @@
+"""Whole runs: a real 2-rank data-parallel training (gloo, one process per rank, a tiny
+transformer, 3 steps dumped on both ranks), faults on rank 1 at step 1, one answer for
+the run; local worker processes, a Dask LocalCluster, Parquet, check-ranks."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env():
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    return env
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """ROOT/{bench,bench2,kernel,collective}/step{0,1,2}/rank{0,1}/dump.json."""
+    root = str(tmp_path_factory.mktemp("runs"))
+    port = str(_free_port())
+    script = os.path.join(HERE, "dist_train.py")
+    procs = [subprocess.Popen([sys.executable, script, root, port, str(r), "2"], cwd=ROOT,
+                              env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    return root
+
+
+def _collective_results_recorded(root):
+    with open(os.path.join(root, "collective", "step1", "rank1", "dump.json")) as fh:
+        data = json.load(fh)["data"]
+    return data["Distributed.all_reduce.0.forward"]["output"] != [None]
+
+
+def _cell(summary, step, rank):
+    return next(c for c in summary["grid"] if c["step"] == step and c["rank"] == rank)
+
+
+def _cli(argv, capsys):
+    from probe.cli import main
+    rc = main(argv)
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_kernel_fault_on_one_rank_is_named_with_its_step_and_rank(runs, tmp_path, capsys):
+    out = str(tmp_path / "o")
+    rc, stdout, err = _cli(["compare", "--npu", os.path.join(runs, "kernel"), "--bench",
+                            os.path.join(runs, "bench"), "-o", out, "--processes", "2"], capsys)
+    assert rc == 0
+    with open(os.path.join(out, "compare_summary.json")) as fh:
+        s = json.load(fh)
+    assert s["schema"] == "probe.run_summary/1" and s["steps"] == [0, 1, 2] and s["ranks"] == [0, 1]
+    fd = s["first_divergence"]
+    # the faulty kernel, where it ran: not rank 0 (which only received the error through
+    # the gradient all_reduce), not step 2 (which inherits through the weights)
+    assert (fd["name"], fd["step"], fd["rank"], fd["direction"], fd["kind"]) == \
+        ("Functional.gelu.0.forward", 1, 1, "forward", "introduced")
+    with open(fd["report"]) as fh:
+        pair = json.load(fh)
+    assert pair["npu_json_path"].endswith(os.path.join("kernel", "step1", "rank1", "dump.json"))
+    assert [_cell(s, 0, r)["verdict"] for r in (0, 1)] == ["clean", "clean"]
+    assert _cell(s, 1, 1)["verdict"] == "introduces"
+    assert _cell(s, 1, 0)["verdict"] == "inherits"        # error came through the all_reduce
+    assert all(_cell(s, 2, r)["verdict"] != "introduces" for r in (0, 1))
+    # the console gives the answer; stdout lists the files, the run workbook among them
+    assert "first divergence: Functional.gelu.0.forward (forward) at step 1, rank 1" in err
+    files = stdout.split()
+    assert any(os.path.basename(p).startswith("compare_run_") for p in files)
+    assert all(os.path.isfile(p) for p in files)
+    from openpyxl import load_workbook
+    wb = load_workbook(next(p for p in files if "compare_run_" in p), read_only=True)
+    assert wb.sheetnames == ["Run", "Pairs", "Grid"]
+    grid = list(wb["Grid"].iter_rows(values_only=True))
+    assert grid[0] == ("Step", "rank0", "rank1") and grid[2] == (1, "inherits", "introduces")
+
+
+def test_collective_fault_on_one_rank_names_the_collective(runs, tmp_path):
+    if not _collective_results_recorded(runs):
+        pytest.skip("this probe does not record collectives' results yet")
+    from probe.compare import compare_run
+    run = compare_run(os.path.join(runs, "collective"), os.path.join(runs, "bench"),
+                      str(tmp_path / "o"), processes=2)
+    fd = run.summary["first_divergence"]
+    assert fd["name"].startswith("Distributed.all_reduce.") and fd["kind"] == "introduced"
+    assert (fd["step"], fd["rank"]) == (1, 1)
+    assert "while no other rank diverged before it" in fd["reason"]
+    assert _cell(run.summary, 1, 0)["verdict"] == "clean"
+
+
+def test_clean_rerun_names_nothing_and_bench2_pairs_by_step_and_rank(runs, tmp_path, capsys):
+    from probe.compare import compare_run
+    run = compare_run(os.path.join(runs, "bench2"), os.path.join(runs, "bench"), str(tmp_path / "o"),
+                      processes=2)
+    assert run.summary["first_divergence"] is None
+    assert {c["verdict"] for c in run.summary["grid"]} == {"clean"} and len(run.summary["grid"]) == 6
+    rc, _, err = _cli(["compare", "--npu", os.path.join(runs, "kernel"), "--bench",
+                       os.path.join(runs, "bench"), "--bench2", os.path.join(runs, "bench2"),
+                       "-o", str(tmp_path / "o2"), "--processes", "1"], capsys)
+    assert rc == 0 and "first divergence: Functional.gelu.0.forward" in err
+    with open(tmp_path / "o2" / "compare_summary.json") as fh:
+        fd = json.load(fh)["first_divergence"]
+    with open(fd["report"]) as fh:
+        pair = json.load(fh)
+    assert pair["bench2_json_path"].endswith(os.path.join("bench2", "step1", "rank1", "dump.json"))
+
+
+def test_unpaired_rank_and_missing_step_are_named_not_fatal(runs, tmp_path, capsys):
+    npu, bench = str(tmp_path / "npu"), str(tmp_path / "bench")
+    shutil.copytree(os.path.join(runs, "kernel"), npu)
+    shutil.copytree(os.path.join(runs, "bench"), bench)
+    shutil.rmtree(os.path.join(bench, "step2"))                 # the bench stopped a step early
+    shutil.rmtree(os.path.join(npu, "step0", "rank1"))          # one rank's dump is gone
+    cfg = tmp_path / "compare.json"          # msprobe's -i form, with two roots
+    cfg.write_text(json.dumps({"npu_path": npu, "bench_path": bench}))
+    rc, _, err = _cli(["compare", "-i", str(cfg), "-o", str(tmp_path / "o"), "--processes", "1"], capsys)
+    assert rc == 0
+    with open(tmp_path / "o" / "compare_summary.json") as fh:
+        s = json.load(fh)
+    assert {(u["side"], u["step"], u["rank"]) for u in s["unpaired"]} == \
+        {("bench", 0, 1), ("npu", 2, 0), ("npu", 2, 1)}
+    assert [_cell(s, st, r)["verdict"] for st, r in ((0, 1), (2, 0), (2, 1))] == ["missing"] * 3
+    assert s["first_divergence"]["name"] == "Functional.gelu.0.forward"
+    assert "only the bench side has step0/rank1" in err and "only the NPU side has step2/rank1" in err
+    assert "first divergence: Functional.gelu.0.forward (forward) at step 1, rank 1" in err
+
+
+def test_a_plain_script_without_main_guard_runs_the_pool_once(runs, tmp_path):
+    """Spawned workers import probe only: the user's script is not run again in them."""
+    script = tmp_path / "user_script.py"
+    out = tmp_path / "o"
+    script.write_text(
+        "print('USER SCRIPT RUNS', flush=True)\n"
+        "from probe import compare_distributed\n"
+        f"paths = compare_distributed({os.path.join(runs, 'kernel')!r}, {os.path.join(runs, 'bench')!r}, "
+        f"{str(out)!r}, processes=2)\n"
+        "print('PATHS', len(paths))\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("USER SCRIPT RUNS") == 1
+    assert "PATHS 19" in proc.stdout                  # 6 pairs x 3 files + the run workbook
+    assert "first divergence: Functional.gelu.0.forward" in proc.stderr
+    with open(out / "compare_summary.json") as fh:
+        assert json.load(fh)["first_divergence"]["rank"] == 1
+
+
+def test_dask_cluster_and_parquet_dataset(runs, tmp_path, capsys):
+    pytest.importorskip("distributed")
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    from distributed import LocalCluster
+    out = tmp_path / "o"
+    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
+                      host="127.0.0.1") as cluster:
+        rc, _, err = _cli(["compare", "--npu", os.path.join(runs, "kernel"), "--bench",
+                           os.path.join(runs, "bench"), "-o", str(out), "--scheduler",
+                           cluster.scheduler_address], capsys)
+    assert rc == 0 and "first divergence: Functional.gelu.0.forward (forward) at step 1, rank 1" in err
+    table = pd.read_parquet(out / "diagnosis.parquet")
+    assert len(table.groupby(["step", "rank"], observed=True)) == 6
+    hit = table[(table.status == "introduces") & (table.npu_entry == "Functional.gelu.0.forward")]
+    assert {(int(s), int(r)) for s, r in zip(hit["step"], hit["rank"])} == {(1, 1)}
+    # the epoch of each call: collectives passed before it (gradients all_reduced after backward)
+    one = table[(table["step"].astype(int) == 1) & (table["rank"].astype(int) == 1)].sort_values("index")
+    coll = one[one.npu_entry.str.startswith("Distributed.all_reduce.")]
+    assert list(coll.epoch) == list(range(len(coll))) and len(coll) > 1
+    assert one[one.npu_entry == "Functional.gelu.0.forward"].epoch.item() == 0
+
+
+def test_check_ranks_finds_the_rank_with_a_bad_collective_result(runs, capsys):
+    if not _collective_results_recorded(runs):
+        pytest.skip("this probe does not record collectives' results yet")
+    from probe import check_ranks
+    clean = check_ranks(os.path.join(runs, "bench"))
+    assert clean.checked > 0 and clean.mismatches == []
+    bad = check_ranks(os.path.join(runs, "collective"))
+    assert bad.bad_ranks == [1] and bad.first.step == 1
+    assert bad.first.name.startswith("Distributed.all_reduce.")
+    rc, stdout, _ = _cli(["check-ranks", os.path.join(runs, "collective")], capsys)
+    assert rc == 1 and "first: step 1, rank(s) 1 at Distributed.all_reduce." in stdout
+
+
+def test_lamport_order_over_collectives():
+    """Which rank's divergence is reached by which: through a collective passed after it."""
+    from probe.compare.causality import Mark, Timeline, first_of_run, judge_step
+    coll = [("Distributed.all_reduce.0.forward", "clean", 0.0, 0.0, 1e-4),
+            ("Distributed.all_reduce.1.forward", "clean", 0.0, 0.0, 1e-4)]
+
+    def tl(name, kind, epoch, collective, position):
+        return Timeline(Mark(name, "forward", kind, position, epoch, collective), coll)
+    # rank 1's kernel before collective #0; rank 0's collective #0 result differs: inherited
+    cells = judge_step({0: tl("Distributed.all_reduce.0.forward", "introduced", 0, True, 30),
+                        1: tl("Functional.gelu.0.forward", "introduced", 0, False, 12),
+                        2: Timeline(None, coll)})
+    assert [cells[r].verdict for r in (0, 1, 2)] == ["inherits", "introduces", "clean"]
+    assert cells[0].source == 1
+    # the same collective differs on two ranks, nothing before it: each is its own culprit
+    cells = judge_step({0: tl("Distributed.all_reduce.1.forward", "introduced", 1, True, 40),
+                        1: tl("Distributed.all_reduce.1.forward", "introduced", 1, True, 40)})
+    assert [c.verdict for c in cells.values()] == ["introduces", "introduces"]
+    # a call after collective #1 is reached by a call before it, not by one after it
+    cells = judge_step({0: tl("Tensor.add.3.forward", "introduced", 2, False, 50),
+                        1: tl("Tensor.mul.0.forward", "introduced", 1, False, 45)})
+    assert (cells[0].verdict, cells[1].verdict) == ("inherits", "introduces")
+    cells = judge_step({0: tl("Tensor.add.3.forward", "introduced", 1, False, 50),
+                        1: tl("Tensor.mul.0.forward", "introduced", 1, False, 45)})
+    assert (cells[0].verdict, cells[1].verdict) == ("introduces", "introduces")
+    # across steps the earliest step with an introduction wins, inputs_differ only failing one
+    at = {(0, 0): judge_step({0: tl("Tensor.add.0.forward", "inputs_differ", 0, False, 3)})[0],
+          (2, 1): judge_step({1: tl("Tensor.mul.0.forward", "introduced", 1, False, 45)})[1],
+          (1, 0): judge_step({0: tl("Tensor.add.1.forward", "introduced", 3, False, 9)})[0]}
+    assert first_of_run(at)[0] == (1, 0)
