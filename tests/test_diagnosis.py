@@ -315,28 +315,3 @@ def test_noise_floor_from_a_second_bench_run(dumps, tmp_path):
     assert fwd["npu_name"] == "Functional.layer_norm.3.forward"
     assert fwd["noise"] is not None and fwd["output_error"] > 4 * fwd["noise"]
     assert summary["bench2_json_path"] == bench2
-
-
-def test_diagnosis_beside_the_row_writing_gives_the_same_report(dumps, tmp_path, monkeypatch):
-    """A big compare diagnoses in a thread while the rows are written: summary json,
-    Summary sheet and Diagnosis sheet are what the diagnosis before writing gives."""
-    import threading
-    from probe.compare import report
-    bench = dumps("clean", "statistics")
-    npu = dumps("layernorm_x1.01", "statistics", fault=CASES["layernorm_x1.01"][0]())
-    ran_in = []
-    real = report._analysis
-    monkeypatch.setattr(report, "_analysis",
-                        lambda *a: ran_in.append(threading.get_ident()) or real(*a))
-    before, paths_a = run_compare(npu, bench, tmp_path / "before")
-    monkeypatch.setattr(report, "_THREAD_ROWS", 0)
-    beside, paths_b = run_compare(npu, bench, tmp_path / "beside")
-    main = threading.get_ident()
-    assert ran_in[0] == main and ran_in[1] != main, "the diagnosis did not run beside the rows"
-    for s in (before, beside):
-        s.pop("created", None)
-    assert beside == before and beside["first_divergence"]["name"] == CASES["layernorm_x1.01"][2]
-    books = [openpyxl.load_workbook(p[0]) for p in (paths_a, paths_b)]
-    for sheet in ("Summary", "Diagnosis"):
-        a, b = ([list(r) for r in wb[sheet].iter_rows(values_only=True)] for wb in books)
-        assert a == b and len(a) > 5, sheet

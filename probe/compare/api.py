@@ -17,7 +17,7 @@ def _param(d: dict, *keys):
 
 def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
             auto_analyze: bool = True, fuzzy_match: bool = False, align: bool | None = None,
-            **kwargs) -> list:
+            html: bool = True, **kwargs) -> list:
     """Compare one NPU dump.json with one bench dump.json; write xlsx, csv and
     compare_summary json; return their paths.
 
@@ -27,11 +27,12 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     second bench dump of the same program, gives each call's run-to-run noise.
     ``align``: None aligns the call sequences when they differ, True always, False pairs
     by name (msprobe); ``fuzzy_match`` pairs the k-th call of each API. ``auto_analyze``
-    adds the diagnosis (first divergence, Diagnosis sheet, summary json).
+    adds the diagnosis (first divergence, Diagnosis sheet, summary json). ``html``
+    also writes the self-contained page ``compare_report_*.html``.
     """
     from .diagnosis import diagnose, noise_floor
     from .engine import compare_dumps, gc_paused
-    from .report import diagnosis_lines, summary_rows, write_report
+    from .report import console_summary, write_report
     if not isinstance(dump_result_param, dict):
         raise ValueError("dump_result_param must be a dict with npu_json_path and bench_json_path")
     npu = _param(dump_result_param, "npu_json_path", "npu_path")
@@ -50,7 +51,10 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
         raise FileNotFoundError(f"dump.json not found: {bench2}")
     verbose = dump_result_param.get("is_print_compare_log", True)
     workers = kwargs.get("workers")
-    with gc_paused():          # millions of live containers, next to no cycles: see engine
+    from tqdm import tqdm
+    bar = tqdm(total=None, desc="compare: reading, pairing, metrics", unit=" rows", delay=2.0,
+               file=sys.stderr, disable=not kwargs.get("progress", verbose), leave=False)
+    with gc_paused(), bar:          # millions of live containers, next to no cycles: see engine
         result = compare_dumps(npu, bench, stack, stack_mode=stack_mode, fuzzy_match=fuzzy_match,
                                workers=workers, progress=kwargs.get("progress", verbose),
                                align=align)
@@ -58,20 +62,19 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
         if auto_analyze:
             noise = noise_floor(bench, bench2, workers=workers, align=align) if bench2 else None
             diag = lambda: diagnose(result, noise)    # noqa: E731  (run beside the rows)
-        paths = write_report(result, output_path, kwargs.get("tag", ""), diag, bench2)
+        bar.reset(total=result.n_rows)
+        paths = write_report(result, output_path, kwargs.get("tag", ""), diag, bench2, html=html,
+                             progress=bar)
     if verbose:
         for note in result.notes:
             print(f"[probe compare] {note}", file=sys.stderr)
-        counts = {k: v for k, v in summary_rows(result) if k in ("pass", "warning", "error")}
-        print(f"[probe compare] {result.mode} mode, {result.n_rows} rows: "
-              + ", ".join(f"{k} {v}" for k, v in counts.items()), file=sys.stderr)
+        digest = None
         if diag is not None:
             import json
             with open(paths[-1], encoding="utf-8") as fh:
                 digest = json.load(fh)
-            for key, value in diagnosis_lines(digest):
-                if "stack" not in key:
-                    print(f"[probe compare] {key}: {value}", file=sys.stderr)
+        for line in console_summary(result, digest, paths):
+            print(f"[probe compare] {line}", file=sys.stderr)
     return paths
 
 
@@ -93,7 +96,7 @@ def compare_distributed(npu_dir: str, bench_dir: str, output_path: str, **kwargs
               file=sys.stderr)
     if not pairs:
         raise FileNotFoundError(f"no matching step/rank dumps between {npu_dir} and {bench_dir}")
-    kw = {k: kwargs[k] for k in ("stack_mode", "fuzzy_match", "align", "auto_analyze") if k in kwargs}
+    kw = {k: kwargs[k] for k in ("stack_mode", "fuzzy_match", "align", "auto_analyze", "html") if k in kwargs}
     jobs = [(key, a, b, output_path, kw) for key, a, b in pairs]
     procs = kwargs.get("processes") or min(len(jobs), os.cpu_count() or 1)
     paths = []

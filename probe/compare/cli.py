@@ -19,12 +19,14 @@ def add_arguments(parser) -> None:
                              "or never (pair by name, as msprobe)")
     parser.add_argument("--bench2", help="a second bench dump.json of the same program: "
                         "run-to-run noise per API, so nondeterminism is not blamed")
+    parser.add_argument("--no-html", action="store_true", help="do not write compare_report_*.html")
 
 
 def run(args) -> int:
     from .api import compare, compare_distributed
     kw = {"stack_mode": args.stack_mode, "fuzzy_match": args.fuzzy_match,
-          "align": {"auto": None, "on": True, "off": False}[getattr(args, "align", "auto")]}
+          "align": {"auto": None, "on": True, "off": False}[getattr(args, "align", "auto")],
+          "html": not getattr(args, "no_html", False)}
     bench2 = getattr(args, "bench2", None)
     if args.input_path:
         if not os.path.isfile(args.input_path):
