@@ -11,6 +11,7 @@ from collections import Counter
 
 from .engine import PERCENT_COLUMNS, CompareResult, load_stacks
 from . import summary_json
+from .html_report import user_frame
 from .xlsx import LineChart, Sheet, write_workbook
 
 _WIDTHS = {"NPU Name": 48, "Bench Name": 48, "Err_message": 70, "NPU_Stack_Info": 70,
@@ -161,7 +162,7 @@ def diagnosis_lines(summary: dict) -> list:
 
 
 _LABEL_WIDTH, _VALUE_WIDTH = 34, 110     # Summary columns (characters)
-_LINE_PT, _MAX_ROW_PT = 15, 409          # a text line's height; Excel's highest row
+_LINE_PT, _MAX_ROW_PT = 14, 409          # a text line's height; Excel's highest row
 
 
 def _lines_of(text, width: int) -> int:
@@ -170,7 +171,8 @@ def _lines_of(text, width: int) -> int:
 
 
 def _row_height(label, value):
-    n = max(_lines_of(label, _LABEL_WIDTH - 2), _lines_of(value, _VALUE_WIDTH - 4))
+    # a column holds ~1.1 of its width in characters of proportional text
+    n = max(_lines_of(label, int(_LABEL_WIDTH * 1.1)), _lines_of(value, int(_VALUE_WIDTH * 1.1)))
     return min(n * _LINE_PT, _MAX_ROW_PT) if n > 1 else None
 
 
@@ -197,6 +199,10 @@ def summary_sheet(result: CompareResult, digest: dict | None, diag) -> Sheet:
             name = result.columns["NPU Name"][culprit] or result.columns["Bench Name"][culprit]
             lines.insert(0, ["culprit row (click)", f"compare_result row {culprit + 2}: {name}"])
             links.append(("B2", f"'compare_result'!A{culprit + 2}"))
+            fd = digest["first_divergence"]
+            frame = user_frame((fd["forward"] or fd["backward"] or {}).get("stack"))
+            if frame:
+                lines.insert(1, ["culprit called at (your code)", frame])
         lines += diagnosis_lines(digest)
     first = next((i for i, v in enumerate(result.columns["Result"]) if v == "error"), None)
     styles = [None] * len(lines)
@@ -208,7 +214,7 @@ def summary_sheet(result: CompareResult, digest: dict | None, diag) -> Sheet:
     return Sheet.from_rows("Summary", ["Item", "Value"], lines, styles, [_LABEL_WIDTH, _VALUE_WIDTH],
                            freeze_header=False, autofilter=False, wrap_columns={"Item", "Value"},
                            row_heights=[_row_height(k, v) for k, v in lines], links=links,
-                           active=True)
+                           active=True, fit_width=True)
 
 
 def write_report(result: CompareResult, output_path: str, tag: str = "", diag=None,
@@ -277,7 +283,6 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
 
 def console_summary(result: CompareResult, digest: dict | None, paths: list) -> list:
     """The few lines the CLI prints: row counts, the verdict, where the report is."""
-    from .html_report import user_frame
     counts = Counter(result.columns["Result"])
     lines = [f"{result.mode} mode, {result.n_rows} rows: "
              + ", ".join(f"{k} {counts.get(k, 0)}" for k in ("pass", "warning", "error"))]

@@ -15,7 +15,7 @@ from .chart import write_charts
 CHUNK_ROWS = 4096              # rows encoded and written at a time
 _FILL_RGB = {"error": "FFFFC7CE", "warning": "FFFFEB9C"}
 # cellXfs: data cells use fill * 2 + percent (0 = plain); then the header, wrapped text,
-# a hyperlink (blue, underlined, wrapped)
+# a hyperlink (blue, underlined, wrapped), both left-aligned (numbers too)
 _FILLS = {None: 0, "error": 1, "warning": 2}
 _XF_HEADER, _XF_WRAP, _XF_LINK = 6, 7, 8
 ROW_STYLES = (None, "error", "warning", "link")     # what Sheet.row_styles may hold
@@ -37,6 +37,7 @@ class Sheet:
     row_heights: list | None = None      # per data row: points, or None for the default
     links: list = field(default_factory=list)    # (cell ref "B7", location "'Sheet'!A12")
     active: bool = False                 # the sheet the workbook opens on
+    fit_width: bool = False              # printed (and exported to PDF) one page wide, landscape
 
     @classmethod
     def from_rows(cls, name, header, rows, *args, **kw):
@@ -62,9 +63,9 @@ def _styles_xml() -> str:
     xfs.append('<xf numFmtId="0" fontId="1" fillId="0" borderId="0" xfId="0" applyFont="1" '
                'applyAlignment="1"><alignment wrapText="1" vertical="top"/></xf>')
     xfs.append('<xf numFmtId="0" fontId="0" fillId="0" borderId="0" xfId="0" '
-               'applyAlignment="1"><alignment wrapText="1" vertical="top"/></xf>')
+               'applyAlignment="1"><alignment horizontal="left" wrapText="1" vertical="top"/></xf>')
     xfs.append('<xf numFmtId="0" fontId="2" fillId="0" borderId="0" xfId="0" applyFont="1" '
-               'applyAlignment="1"><alignment wrapText="1" vertical="top"/></xf>')
+               'applyAlignment="1"><alignment horizontal="left" wrapText="1" vertical="top"/></xf>')
     return ('<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
             '<styleSheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main">'
             '<numFmts count="1"><numFmt numFmtId="164" formatCode="0.000%"/></numFmts>'
@@ -126,7 +127,8 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
         parts = ['<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
                  '<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" '
                  'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships">'
-                 '<sheetViews><sheetView' + (' tabSelected="1"' if sheet.active else '')
+                 + ('<sheetPr><pageSetUpPr fitToPage="1"/></sheetPr>' if sheet.fit_width else '')
+                 + '<sheetViews><sheetView' + (' tabSelected="1"' if sheet.active else '')
                  + ' workbookViewId="0">']
         if sheet.freeze_header:
             parts.append('<pane ySplit="1" topLeftCell="A2" activePane="bottomLeft" state="frozen"/>'
@@ -170,6 +172,9 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
             tail.append("<hyperlinks>" + "".join(
                 f'<hyperlink ref="{ref}" location="{esc(loc).replace(chr(34), "&quot;")}" display="{ref}"/>'
                 for ref, loc in sheet.links) + "</hyperlinks>")
+        if sheet.fit_width:
+            tail.append('<pageMargins left="0.5" right="0.5" top="0.6" bottom="0.6" header="0.3" footer="0.3"/>'
+                        '<pageSetup orientation="landscape" fitToWidth="1" fitToHeight="0"/>')
         if sheet.charts:
             tail.append('<drawing r:id="rId1"/>')
         tail.append("</worksheet>")
