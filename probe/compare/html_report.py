@@ -28,14 +28,14 @@ _ROW_METRICS = {
     "md5": ["NPU MD5", "BENCH MD5"],
 }
 _FRAME = re.compile(r'File "?(?P<file>[^",]+)"?, line (?P<line>\d+), in (?P<func>[^,\n]+)')
-_LIBRARY = re.compile(r"[/\\](torch|probe|msprobe|torch_npu|transformers|accelerate)[/\\]|site-packages|dist-packages|<frozen")
+_LIBRARY = re.compile(r"[/\\](torch|torch_npu|msprobe)[/\\]|[/\\]probe[/\\](?!demo\.py)|<frozen ")
 _STEP = re.compile(r"(?:^|[/\\])step(\d+)(?:[/\\]|$)")
 _RANK = re.compile(r"(?:^|[/\\])(?:rank|proc)(\d*)(?:[/\\]|$)")
 
 
 def user_frame(stack: str | None) -> str | None:
-    """The innermost frame of ``stack`` outside torch, probe and other libraries: the line
-    of the user's code that made the call ("model.py:42 in forward")."""
+    """The innermost frame of ``stack`` outside torch and probe (and msprobe, torch_npu):
+    the line of the model's code that made the call ("modeling_gpt2.py:42 in forward")."""
     if not stack:
         return None
     frames = [m for m in _FRAME.finditer(stack)]

@@ -202,7 +202,7 @@ def summary_sheet(result: CompareResult, digest: dict | None, diag) -> Sheet:
             fd = digest["first_divergence"]
             frame = user_frame((fd["forward"] or fd["backward"] or {}).get("stack"))
             if frame:
-                lines.insert(1, ["culprit called at (your code)", frame])
+                lines.insert(1, ["culprit called at", frame])
         lines += diagnosis_lines(digest)
     first = next((i for i, v in enumerate(result.columns["Result"]) if v == "error"), None)
     styles = [None] * len(lines)
