@@ -99,7 +99,7 @@ def _dump_run(dump_path, use_bf16, steps=2, fault=False):
 
 def run_demo(out_dir="demo_out"):
     """Dump both runs under ``out_dir`` and compare step 0; return the report paths."""
-    from probe import compare
+    from probe.compare import compare
     npu = os.path.join(out_dir, "npu_dump")
     bench = os.path.join(out_dir, "bench_dump")
     print(f"[probe demo] injecting one kernel fault into the NPU run: the first {FAULT_OP} of step 0 "

@@ -230,3 +230,20 @@ def test_run_page_refuses_a_bad_summary(tmp_path):
     with pytest.raises(ValueError, match="verdict 'odd'"):
         write_run_page({"schema": "probe.run_summary/1", "grid": [{"step": 0, "rank": 0, "verdict": "odd"}]},
                        str(tmp_path / "x.html"))
+
+
+def test_demo_injects_a_kernel_fault_and_names_it(tmp_path, capsys):
+    import json
+    from probe.demo import FAULT_CALL, run_demo
+    paths = run_demo(str(tmp_path / "demo"))
+    err = capsys.readouterr().err
+    assert "injecting one kernel fault" in err
+    verdict = [line for line in err.splitlines() if "verdict:" in line]
+    assert len(verdict) == 1 and FAULT_CALL in verdict[0]
+    with open(paths[-1], encoding="utf-8") as fh:
+        assert json.load(fh)["first_divergence"]["forward"]["npu_name"] == FAULT_CALL
+    wb = openpyxl.load_workbook(paths[0])
+    lines = {r[0].value: r[1].value for r in wb["Summary"].iter_rows(min_row=2)}
+    assert lines["first divergence (forward)"].startswith(FAULT_CALL)
+    with open(paths[2], encoding="utf-8") as fh:
+        assert FAULT_CALL in fh.read()

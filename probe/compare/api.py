@@ -52,17 +52,20 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     verbose = dump_result_param.get("is_print_compare_log", True)
     workers = kwargs.get("workers")
     from tqdm import tqdm
-    bar = tqdm(total=None, desc="compare: reading, pairing, metrics", unit=" rows", delay=2.0,
-               file=sys.stderr, disable=not kwargs.get("progress", verbose), leave=False)
+    bar = tqdm(total=None, desc="compare: reading", unit=" rows", delay=2.0, file=sys.stderr,
+               disable=not kwargs.get("progress", verbose), leave=False)
+
+    def stage(name):           # shown from 2 s on (update respects the delay, refresh not)
+        bar.set_description(f"compare: {name}", refresh=False)
+        bar.update(0)
     with gc_paused(), bar:          # millions of live containers, next to no cycles: see engine
         result = compare_dumps(npu, bench, stack, stack_mode=stack_mode, fuzzy_match=fuzzy_match,
                                workers=workers, progress=kwargs.get("progress", verbose),
-                               align=align)
+                               align=align, stage=stage)
         diag = None
         if auto_analyze:
             noise = noise_floor(bench, bench2, workers=workers, align=align) if bench2 else None
             diag = lambda: diagnose(result, noise)    # noqa: E731  (run beside the rows)
-        bar.reset(total=result.n_rows)
         paths = write_report(result, output_path, kwargs.get("tag", ""), diag, bench2, html=html,
                              progress=bar)
     if verbose:

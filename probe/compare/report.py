@@ -233,6 +233,7 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
     if diag is not None:
         if progress is not None:
             progress.set_description("compare: diagnosis", refresh=False)
+            progress.update(0)
         diag = diag() if callable(diag) else diag
         digest = summary_json.build(result, diag, bench2_path)
     styles = [None if v == "pass" else v for v in cols["Result"]]
@@ -266,6 +267,7 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
         from .html_report import write_page
         if progress is not None:
             progress.set_description("compare: writing page", refresh=False)
+            progress.update(0)
         page = os.path.join(d, base.replace("compare_result", "compare_report", 1) + ".html")
         write_page(result, diag, digest, page)
         paths.append(page)
