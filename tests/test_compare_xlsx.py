@@ -2,12 +2,10 @@
 import csv
 import io
 import math
-import os
 import zipfile
 
 import numpy as np
 import openpyxl
-import pytest
 
 from probe.compare.xlsx import Sheet, cell_body, encode_column, write_workbook
 
