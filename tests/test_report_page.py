@@ -116,6 +116,9 @@ def test_page_is_one_file_with_no_network(report):
         page = fh.read()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert '<script type="application/json" id="data">' in page and CULPRIT in page
+    latest = os.path.join(os.path.dirname(report["html"]), "compare_report.html")
+    with open(latest, encoding="utf-8") as fh:
+        assert fh.read() == page            # the fixed name is the latest compare's page
 
 
 # ---------------------------------------------------------------- the browser

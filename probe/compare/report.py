@@ -271,16 +271,25 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
         page = os.path.join(d, base.replace("compare_result", "compare_report", 1) + ".html")
         write_page(result, diag, digest, page)
         paths.append(page)
+        _latest(page, os.path.join(d, "compare_report.html"))
     if digest is not None:
         json_path = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
         summary_json.write(json_path, digest)
         paths.append(json_path)
         # a fixed name for scripts and CI: the latest run's summary (atomic: ranks may race)
-        latest = os.path.join(d, "compare_summary.json")
-        tmp = f"{latest}.{os.getpid()}.tmp"
-        shutil.copyfile(json_path, tmp)
-        os.replace(tmp, latest)
+        _latest(json_path, os.path.join(d, "compare_summary.json"))
     return paths
+
+
+def _latest(path: str, fixed: str) -> None:
+    """``fixed`` becomes the latest compare's file: a hard link where the file system has
+    them (a big page is not copied), else a copy; replaced atomically (ranks may race)."""
+    tmp = f"{fixed}.{os.getpid()}.tmp"
+    try:
+        os.link(path, tmp)
+    except OSError:
+        shutil.copyfile(path, tmp)
+    os.replace(tmp, fixed)
 
 
 def console_summary(result: CompareResult, digest: dict | None, paths: list) -> list:
