@@ -2,10 +2,14 @@
 
 A small transformer block is trained for two steps twice with identical seeds: once as
 the "NPU" run (forward under bf16 autocast, the precision an accelerator port often
-changes) and once as the "bench" run (fp32). Both are dumped at task ``tensor``, then
-compared; the report's first errors point at where bf16 rounding enters.
+changes) and once as the "bench" run (fp32). Into the "NPU" run one kernel fault is
+injected, below the API level where a real kernel bug sits: a TorchDispatchMode scales the
+output of the first ``aten.gelu`` by 1.05. Both runs are dumped at task ``tensor`` and
+compared; bf16 rounding is within what the dtype explains, and the console, the workbook
+and the HTML page name ``Functional.gelu.0.forward`` as the culprit.
 """
 import os
+import sys
 
 import torch
 import torch.nn as nn
@@ -39,7 +43,34 @@ class DemoBlock(nn.Module):
         return self.head(x)
 
 
-def _dump_run(dump_path, use_bf16, steps=2):
+FAULT_OP = "aten.gelu.default"
+FAULT_SCALE = 1.05
+FAULT_CALL = "Functional.gelu.0.forward"        # the API call that runs the faulty kernel
+
+
+class KernelFault:
+    """A TorchDispatchMode (built lazily: the import is not free) that scales the output of
+    the first ``FAULT_OP`` kernel by ``FAULT_SCALE``, as a wrong kernel would."""
+
+    def __new__(cls):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class _Fault(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.seen = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if str(func) == FAULT_OP:
+                    self.seen += 1
+                    if self.seen == 1:
+                        return out * FAULT_SCALE
+                return out
+        return _Fault()
+
+
+def _dump_run(dump_path, use_bf16, steps=2, fault=False):
     from probe import PrecisionDebugger, seed_all
     seed_all(1234)
     model = DemoBlock()
@@ -52,7 +83,11 @@ def _dump_run(dump_path, use_bf16, steps=2):
         debugger.start()
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-            logits = model(tokens)
+            if fault and _ == 0:
+                with KernelFault():
+                    logits = model(tokens)
+            else:
+                logits = model(tokens)
         loss = F.cross_entropy(logits.float().reshape(-1, 64), target.reshape(-1))
         loss.backward()
         opt.step()
@@ -64,12 +99,15 @@ def _dump_run(dump_path, use_bf16, steps=2):
 
 def run_demo(out_dir="demo_out"):
     """Dump both runs under ``out_dir`` and compare step 0; return the report paths."""
-    from probe import compare
+    from probe.compare import compare
     npu = os.path.join(out_dir, "npu_dump")
     bench = os.path.join(out_dir, "bench_dump")
-    npu_loss = _dump_run(npu, use_bf16=True)
+    print(f"[probe demo] injecting one kernel fault into the NPU run: the first {FAULT_OP} of step 0 "
+          f"returns its output x{FAULT_SCALE} (API call {FAULT_CALL}); the compare should name it",
+          file=sys.stderr)
+    npu_loss = _dump_run(npu, use_bf16=True, fault=True)
     bench_loss = _dump_run(bench, use_bf16=False)
-    print(f"loss after 2 steps: NPU (bf16) {npu_loss:.6f}, bench (fp32) {bench_loss:.6f}")
+    print(f"loss after 2 steps: NPU (bf16, faulty gelu) {npu_loss:.6f}, bench (fp32) {bench_loss:.6f}")
     params = {
         "npu_json_path": os.path.join(npu, "step0", "rank", "dump.json"),
         "bench_json_path": os.path.join(bench, "step0", "rank", "dump.json"),

@@ -221,7 +221,8 @@ def test_xlsx_fills_types_and_summary(tmp_path):
     paths = compare({"npu_json_path": a, "bench_json_path": b, "is_print_compare_log": False},
                     str(out), stack_mode=True)
     assert set(os.listdir(tmp_path)) == before | {"out"}        # nothing written elsewhere
-    xlsx, csv, summary_path = paths
+    xlsx, csv, page, summary_path = paths
+    assert page.endswith(".html") and os.path.basename(page).startswith("compare_report_")
     assert os.path.basename(xlsx).startswith("compare_result_") and xlsx.endswith(".xlsx")
     assert os.path.isfile(csv)
     assert os.path.basename(summary_path).startswith("compare_summary_") and summary_path.endswith(".json")
@@ -267,7 +268,8 @@ def test_distributed_and_cli(tmp_path, capsys):
                                 processes=2)
     names = sorted(os.path.basename(p) for p in paths)
     assert os.path.isfile(tmp_path / "o" / "compare_summary.json")     # not among the returned paths
-    assert len(names) == 7 and names[0].startswith("compare_result_step0_rank0_")
+    # per pair: xlsx, csv, page, summary json; and the run workbook
+    assert len(names) == 9 and names[0].startswith("compare_report_step0_rank0_")
     assert sum(n.startswith("compare_summary_step0_rank1_") for n in names) == 1
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -275,6 +277,6 @@ def test_distributed_and_cli(tmp_path, capsys):
                                     "--bench", str(tmp_path / "bench" / "step0" / "rank1"),
                                     "-o", str(tmp_path / "o2")]))
     out = capsys.readouterr().out.split()
-    assert rc == 0 and len(out) == 3 and all(os.path.isfile(p) for p in out)
+    assert rc == 0 and len(out) == 4 and all(os.path.isfile(p) for p in out)
     with pytest.raises(ValueError):
         cli_run(parser.parse_args(["-o", str(tmp_path / "o3")]))

@@ -114,7 +114,7 @@ def test_md5_report_with_diagnosis(tmp_path):
     src = dump("v26_L1_statistics_md5_fp32")
     paths = compare({"npu_json_path": src, "bench_json_path": src, "is_print_compare_log": False},
                     str(tmp_path), workers=1)
-    assert len(paths) == 3 and all(os.path.isfile(p) for p in paths)
+    assert len(paths) == 4 and all(os.path.isfile(p) for p in paths)   # xlsx, csv, page, json
 
 
 def test_md5_same_dtype_hash_difference_is_error():

@@ -40,7 +40,7 @@ def test_own_dumps_fp32_vs_bf16(tmp_path):
     import openpyxl
     fp32 = _dump(tmp_path / "fp32", bf16=False)
     bf16 = _dump(tmp_path / "bf16", bf16=True)
-    xlsx, csv, _summary = compare({"npu_json_path": bf16, "bench_json_path": fp32,
+    xlsx, csv, _page, _summary = compare({"npu_json_path": bf16, "bench_json_path": fp32,
                          "is_print_compare_log": False}, str(tmp_path / "out"), fuzzy_match=True)
     ws = openpyxl.load_workbook(xlsx)["compare_result"]
     header = [c.value for c in ws[1]]

@@ -2,14 +2,12 @@
 import csv
 import io
 import math
-import os
 import zipfile
 
 import numpy as np
 import openpyxl
-import pytest
 
-from probe.compare.xlsx import Sheet, _body, encode_column, write_workbook
+from probe.compare.xlsx import Sheet, cell_body, encode_column, write_workbook
 
 INF = float("inf")
 COLUMNS = {
@@ -55,7 +53,7 @@ def _csv_text(value) -> str:
 def test_columns_encode_as_cells_do():
     for name, col in COLUMNS.items():
         bodies, fields = encode_column(col)
-        assert bodies == [_body(v) for v in col], name
+        assert bodies == [cell_body(v) for v in col], name
         assert fields == [_csv_text(v) for v in col], name
 
 
@@ -123,46 +121,12 @@ def _write(path, header, cols, styles, second_sheet=True):
         return [z.read(n) for n in sorted(z.namelist())], open(str(path) + ".csv", "rb").read()
 
 
-@pytest.mark.parametrize("worker_fate", ["works", "dies", "fails"])
-def test_chunks_from_the_worker_process_are_the_same(tmp_path, monkeypatch, worker_fate):
-    """A big sheet is encoded by this process and a worker process, chunk by chunk; the
-    file is the same as one process alone makes, also when the worker dies or fails."""
-    from probe.compare import xlsx
+def test_chunking_does_not_change_the_file(tmp_path, monkeypatch):
+    """Rows are encoded a chunk at a time (shared strings registered for the whole column
+    first): the file is the same whatever the chunk size."""
+    from probe.compare.xlsx import sheets
     header, cols, styles = _rows_sheet(1000)
-    monkeypatch.setattr(xlsx, "_CHUNK_ROWS", 64)
-    alone = _write(tmp_path / "alone.xlsx", header, cols, styles)
-    monkeypatch.setattr(xlsx, "_HELPER_ROWS", 10)
-    here, back = [], []
-    encode, chunk, collect = xlsx._Rows.encode, xlsx._Rows.chunk, xlsx._Chunks._collect
-
-    def encode_here(self, lo, hi):
-        here.append(lo)
-        return encode(self, lo, hi)
-
-    def chunk_sent(self, lo, hi):
-        columns, st, first = chunk(self, lo, hi)
-        if worker_fate == "fails" and lo % 128 == 0:     # a text the worker cannot look up
-            columns[4] = ["not a registered shared string"] + columns[4][1:]
-        return columns, st, first
-
-    def collected(self, block):
-        had = set(self.done)
-        collect(self, block)
-        back.extend(k for k, v in self.done.items() if k not in had and v is not None)
-        if worker_fate == "dies" and back and self.proc is not None:
-            self.proc.kill()
-
-    monkeypatch.setattr(xlsx._Rows, "encode", encode_here)
-    monkeypatch.setattr(xlsx._Rows, "chunk", chunk_sent)
-    monkeypatch.setattr(xlsx._Chunks, "_collect", collected)
-    shared = _write(tmp_path / "shared.xlsx", header, cols, styles)
-    assert shared == alone
-    n_chunks = 2 * len(range(0, 1000, 64))                  # two sheets
-    assert back, "the worker encoded no chunk"
-    assert sorted(here + back) == sorted(2 * list(range(0, 1000, 64))), (here, back)
-    if worker_fate == "fails":
-        assert not any(lo % 128 == 0 for lo in back) and len(here) > n_chunks // 2
-    if worker_fate == "dies":
-        assert len(back) < n_chunks // 2
-
-
+    whole = _write(tmp_path / "whole.xlsx", header, cols, styles)
+    monkeypatch.setattr(sheets, "CHUNK_ROWS", 64)
+    chunked = _write(tmp_path / "chunked.xlsx", header, cols, styles)
+    assert chunked == whole

@@ -17,7 +17,7 @@ def _param(d: dict, *keys):
 
 def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
             auto_analyze: bool = True, fuzzy_match: bool = False, align: bool | None = None,
-            **kwargs) -> list:
+            html: bool = True, **kwargs) -> list:
     """Compare one NPU dump.json with one bench dump.json; write xlsx, csv and
     compare_summary json; return their paths.
 
@@ -27,7 +27,8 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     second bench dump of the same program, gives each call's run-to-run noise.
     ``align``: None aligns the call sequences when they differ, True always, False pairs
     by name (msprobe); ``fuzzy_match`` pairs the k-th call of each API. ``auto_analyze``
-    adds the diagnosis (first divergence, Diagnosis sheet, summary json).
+    adds the diagnosis (first divergence, Diagnosis sheet, summary json). ``html``
+    also writes the self-contained page ``compare_report_*.html``.
     """
     if not isinstance(dump_result_param, dict):
         raise ValueError("dump_result_param must be a dict with npu_json_path and bench_json_path")
@@ -49,19 +50,15 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     pr = compare_pair(npu, bench, output_path, tag=kwargs.get("tag", ""), stack_json=stack,
                       bench2_json=bench2, stack_mode=stack_mode, fuzzy_match=fuzzy_match,
                       align=align, auto_analyze=auto_analyze, workers=kwargs.get("workers"),
-                      progress=kwargs.get("progress", verbose), replay=kwargs.get("replay"))
+                      progress=kwargs.get("progress", verbose), replay=kwargs.get("replay"),
+                      html=html)
     if verbose:
-        from .report import diagnosis_lines, summary_rows
+        from .report import console_summary
         result = pr.result
         for note in result.notes:
             print(f"[probe compare] {note}", file=sys.stderr)
-        counts = {k: v for k, v in summary_rows(result) if k in ("pass", "warning", "error")}
-        print(f"[probe compare] {result.mode} mode, {result.n_rows} rows: "
-              + ", ".join(f"{k} {v}" for k, v in counts.items()), file=sys.stderr)
-        if pr.summary is not None:
-            for key, value in diagnosis_lines(pr.summary):
-                if "stack" not in key:
-                    print(f"[probe compare] {key}: {value}", file=sys.stderr)
+        for line in console_summary(result, pr.summary, pr.paths):
+            print(f"[probe compare] {line}", file=sys.stderr)
     return pr.paths
 
 

@@ -28,13 +28,14 @@ def add_arguments(parser) -> None:
                         "shared file system) instead of local processes")
     parser.add_argument("--processes", type=int, help="dump roots: local worker processes "
                         "(default: one per core, at most one per pair)")
+    parser.add_argument("--no-html", action="store_true", help="do not write compare_report_*.html")
 
 
 def run(args) -> int:
     from .api import compare, compare_distributed
     kw = {"stack_mode": args.stack_mode, "fuzzy_match": args.fuzzy_match,
           "align": {"auto": None, "on": True, "off": False}[getattr(args, "align", "auto")],
-          "replay": getattr(args, "replay", None)}
+          "replay": getattr(args, "replay", None), "html": not getattr(args, "no_html", False)}
     bench2 = getattr(args, "bench2", None)
     run_kw = {"bench2_dir": bench2, "scheduler": getattr(args, "scheduler", None),
               "processes": getattr(args, "processes", None), **kw}

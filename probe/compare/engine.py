@@ -214,16 +214,18 @@ def _run_jobs(jobs, workers: int | None, progress: bool):
 def compare_dumps(npu_json: str, bench_json: str, stack_json: str | None = None,
                   stack_mode: bool = False, fuzzy_match: bool = False,
                   workers: int | None = None, progress: bool = True,
-                  align: bool | None = None) -> CompareResult:
-    """Read both dumps, pair rows (exact / fuzzy / aligned), compute metrics and verdicts."""
+                  align: bool | None = None, stage=None) -> CompareResult:
+    """Read both dumps, pair rows (exact / fuzzy / aligned), compute metrics and verdicts.
+    ``stage``: called with "pairing" and "metrics" as those stages start (progress bars)."""
     with gc_paused():
         return _compare_dumps(npu_json, bench_json, stack_json, stack_mode, fuzzy_match,
-                              workers, progress, align)
+                              workers, progress, align, stage or (lambda name: None))
 
 
 def _compare_dumps(npu_json, bench_json, stack_json, stack_mode, fuzzy_match, workers,
-                   progress, align) -> CompareResult:
+                   progress, align, stage) -> CompareResult:
     npu, bench = read_sides(npu_json, bench_json)
+    stage("pairing")
     notes: list[str] = []
     _explain_meta(npu.meta, bench.meta, notes)
     mode = choose_mode(npu, bench, notes)
@@ -233,6 +235,7 @@ def _compare_dumps(npu_json, bench_json, stack_json, stack_mode, fuzzy_match, wo
     if matching == "aligned":
         notes.append("the call sequences differ: calls aligned by signature and statistics "
                      "(see the Match column) instead of by name")
+    stage("metrics")
     n = len(pairs)
     cols = {c: [None] * n for c in columns_for(mode, stack_mode)}
     verdicts: dict[int, vd.Verdict] = {}      # only rows with something to say

@@ -33,25 +33,37 @@ def compare_pair(npu_json: str, bench_json: str, output_path: str, *, tag: str =
                  stack_json: str | None = None, bench2_json: str | None = None,
                  stack_mode: bool = False, fuzzy_match: bool = False, align: bool | None = None,
                  auto_analyze: bool = True, workers: int | None = None,
-                 progress: bool = False, replay: bool | None = None) -> PairResult:
+                 progress: bool = False, replay: bool | None = None, html: bool = True) -> PairResult:
     """Compare one NPU dump.json with one bench dump.json and write its report.
 
-    ``replay``: re-run each differing call on the NPU side's inputs (default: tensor dumps)."""
+    ``replay``: re-run each differing call on the NPU side's inputs (default: tensor dumps);
+    ``html``: also write the self-contained page; ``progress``: a bar naming the stage
+    (shown from 2 s on)."""
     import json
+    import sys
+
+    from tqdm import tqdm
 
     from .diagnosis import diagnose, mark_rows, noise_floor
     from .engine import compare_dumps, gc_paused
     from .report import write_report
-    with gc_paused():          # millions of live containers, next to no cycles: see engine
+    bar = tqdm(total=None, desc="compare: reading", unit=" rows", delay=2.0, file=sys.stderr,
+               disable=not progress, leave=False)
+
+    def stage(name):           # shown from 2 s on (update respects the delay, refresh not)
+        bar.set_description(f"compare: {name}", refresh=False)
+        bar.update(0)
+    with gc_paused(), bar:     # millions of live containers, next to no cycles: see engine
         result = compare_dumps(npu_json, bench_json, stack_json, stack_mode=stack_mode,
                                fuzzy_match=fuzzy_match, workers=workers, progress=progress,
-                               align=align)
+                               align=align, stage=stage)
         diag = None
         if auto_analyze:
             noise = noise_floor(bench_json, bench2_json, workers=workers, align=align) if bench2_json else None
+            stage("diagnosis")
             diag = diagnose(result, noise, replay=replay, progress=progress)
             mark_rows(result, diag)      # the rows say what the diagnosis found
-        paths = write_report(result, output_path, tag, diag, bench2_json)
+        paths = write_report(result, output_path, tag, diag, bench2_json, html=html, progress=bar)
     summary = None
     if auto_analyze:
         with open(paths[-1], encoding="utf-8") as fh:
@@ -106,8 +118,7 @@ def run_pair(job: PairJob) -> PairOutcome:
         out.paths = pr.paths
         if pr.summary is not None:
             out.report = pr.paths[-1]
-            html = os.path.splitext(out.report)[0] + ".html"
-            out.html = html if os.path.isfile(html) else None
+            out.html = next((p for p in pr.paths if p.endswith(".html")), None)
             out.notes = list(pr.summary.get("notes") or [])
         if pr.diagnosis is not None:
             out.timeline = timeline(pr.diagnosis)

@@ -1,6 +1,7 @@
 """Write a CompareResult: the xlsx (rows, Summary with the diagnosis and its chart, one
-row per call in Diagnosis), a CSV of the rows and compare_summary_*.json next to it (also
-copied to compare_summary.json, the latest run's)."""
+row per call in Diagnosis; it opens on Summary), a CSV of the rows, the self-contained
+HTML page (html_report) and compare_summary_*.json next to it (also copied to
+compare_summary.json, the latest run's)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ from collections import Counter
 
 from .engine import PERCENT_COLUMNS, CompareResult, load_stacks
 from . import summary_json
+from .html_report import user_frame
 from .xlsx import LineChart, Sheet, write_workbook
 
 _WIDTHS = {"NPU Name": 48, "Bench Name": 48, "Err_message": 70, "NPU_Stack_Info": 70,
@@ -174,80 +176,156 @@ def diagnosis_lines(summary: dict) -> list:
     return lines
 
 
-_THREAD_ROWS = 50_000      # from this many rows on, the diagnosis runs beside the row writing
+_LABEL_WIDTH, _VALUE_WIDTH = 34, 110     # Summary columns (characters)
+_LINE_PT, _MAX_ROW_PT = 14, 409          # a text line's height; Excel's highest row
 
 
-def _analysis(result, diag, bench2_path):
-    """What the report takes from a diagnosis: the summary digest and the Diagnosis sheet."""
-    diag = diag() if callable(diag) else diag
-    return summary_json.build(result, diag, bench2_path), diagnosis_sheet(diag)
+def _lines_of(text, width: int) -> int:
+    """How many lines ``text`` takes wrapped in a column ``width`` characters wide."""
+    return sum(max(1, -(-len(line) // width)) for line in str(text).split("\n"))
+
+
+def _row_height(label, value):
+    # a column holds ~1.1 of its width in characters of proportional text
+    n = max(_lines_of(label, int(_LABEL_WIDTH * 1.1)), _lines_of(value, int(_VALUE_WIDTH * 1.1)))
+    return min(n * _LINE_PT, _MAX_ROW_PT) if n > 1 else None
+
+
+def culprit_row(diag) -> int | None:
+    """Row index (0-based, in the compare_result table) of the first divergence: its worst
+    output row, else its first row."""
+    primary = diag.forward or diag.backward if diag is not None else None
+    if primary is None:
+        return None
+    u = primary.call
+    if u.worst_row is not None:
+        return u.worst_row
+    return u.rows[0] if u.rows else None
+
+
+def summary_sheet(result: CompareResult, digest: dict | None, diag) -> Sheet:
+    """Label | value, the value wrapped in a wide column with row heights that fit it; the
+    culprit's row and the first error row linked into compare_result."""
+    lines = summary_rows(result)
+    links = []
+    culprit = culprit_row(diag)
+    if digest is not None:
+        if culprit is not None:
+            name = result.columns["NPU Name"][culprit] or result.columns["Bench Name"][culprit]
+            lines.insert(0, ["culprit row (click)", f"compare_result row {culprit + 2}: {name}"])
+            links.append(("B2", f"'compare_result'!A{culprit + 2}"))
+            fd = digest["first_divergence"]
+            frame = user_frame((fd["forward"] or fd["backward"] or {}).get("stack"))
+            if frame:
+                lines.insert(1, ["culprit called at", frame])
+        lines += diagnosis_lines(digest)
+    first = next((i for i, v in enumerate(result.columns["Result"]) if v == "error"), None)
+    styles = [None] * len(lines)
+    for k, (label, _) in enumerate(lines):
+        if label == "first error" and first is not None:
+            links.append((f"B{k + 2}", f"'compare_result'!A{first + 2}"))
+    for ref, _ in links:
+        styles[int(ref[1:]) - 2] = "link"
+    return Sheet.from_rows("Summary", ["Item", "Value"], lines, styles, [_LABEL_WIDTH, _VALUE_WIDTH],
+                           freeze_header=False, autofilter=False, wrap_columns={"Item", "Value"},
+                           row_heights=[_row_height(k, v) for k, v in lines], links=links,
+                           active=True, fit_width=True)
 
 
 def write_report(result: CompareResult, output_path: str, tag: str = "", diag=None,
-                 bench2_path: str | None = None) -> list:
-    """Write xlsx + csv (+ compare_summary json with a diagnosis); return their paths.
+                 bench2_path: str | None = None, html: bool = True, progress=None) -> list:
+    """Write xlsx + csv (+ compare_summary json with a diagnosis, + the HTML page); return
+    their paths (the json last).
 
-    ``diag``: a Diagnosis, or a function that makes one; for a big result the function
-    runs in a thread while the rows are written.  Both are pure Python and share the
-    GIL, but a big sheet is encoded by a helper process too, which takes more chunks
-    while this process diagnoses (see xlsx._Chunks): the second core works without a
-    third process holding its own copy of the rows.
+    ``diag``: a Diagnosis, or a function that makes one; it runs first, in this process
+    (one compare of one pair is one process: no helper threads or processes).
+    ``progress``: a tqdm-like bar (``set_description``, ``update``) or None.
     """
     stem = output_stem(output_path, tag)
     cols = result.columns
     header = list(cols)
+    digest = None
+    if diag is not None:
+        if progress is not None:
+            progress.set_description("compare: diagnosis", refresh=False)
+            progress.update(0)
+        diag = diag() if callable(diag) else diag
+        digest = summary_json.build(result, diag, bench2_path)
     styles = [None if v == "pass" else v for v in cols["Result"]]
     xlsx_path, csv_path = stem + ".xlsx", stem + ".csv"
     main = Sheet("compare_result", header, [cols[h] for h in header], styles, _widths(header, cols),
                  {h for h in header if h in PERCENT_COLUMNS and result.mode == "statistics"},
                  csv_path=csv_path)
-    analysis = pool = None           # () -> (digest, Diagnosis sheet), asked after the rows
-    if diag is not None and callable(diag) and result.n_rows >= _THREAD_ROWS:
-        from concurrent.futures import ThreadPoolExecutor
-        pool = ThreadPoolExecutor(1, thread_name_prefix="probe-diagnosis")
-        analysis = pool.submit(_analysis, result, diag, bench2_path).result
-    elif diag is not None:
-        analysis = lambda: _analysis(result, diag, bench2_path)    # noqa: E731
-    digest = []
-
-    def sheets():
-        yield main
-        lines = summary_rows(result)
-        diag_sheet = None
-        if analysis is not None:
-            d, diag_sheet = analysis()
-            digest.append(d)
-            lines += diagnosis_lines(d)
-        summary = Sheet.from_rows("Summary", ["Item", "Value"], lines, None, [40, 110],
-                                  freeze_header=False, autofilter=False)
-        if diag_sheet is not None and diag_sheet.columns[0]:
-            n = len(diag_sheet.columns[0])
+    summary = summary_sheet(result, digest, diag)
+    sheets = [main, summary]
+    if diag is not None:
+        diag_sheet = diagnosis_sheet(diag)
+        sheets.append(diag_sheet)
+        n = len(diag_sheet.columns[0])
+        if n:
             col = DIAG_HEADER.index
+            top = len(summary.columns[0]) + 2          # below the text, not over it
             summary.charts.append(LineChart(
                 "Error along the call sequence (log scale; gaps = no error)",
                 ("Diagnosis", col("#"), 2, n + 1),
                 [("output error", "Diagnosis", col("Plot Output Error"), 2, n + 1),
                  ("input error", "Diagnosis", col("Plot Input Error"), 2, n + 1)],
-                anchor=(3, 1, 18, 30), x_title="call # (Diagnosis sheet)",
-                y_title=d["error_measure"], log_y=True))
-        yield summary
-        if diag_sheet is not None:
-            yield diag_sheet
-
-    try:
-        write_workbook(xlsx_path, sheets())       # the CSV too, with the main sheet
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+                anchor=(0, top, 2, top + 28), x_title="call # (Diagnosis sheet)",
+                y_title=digest["error_measure"], log_y=True))
+    if progress is not None:
+        progress.set_description("compare: writing xlsx", refresh=False)
+        progress.total = sum(len(s.columns[0]) if s.columns else 0 for s in sheets)
+    write_workbook(xlsx_path, sheets, progress.update if progress is not None else None)
     paths = [xlsx_path, csv_path]
-    if digest:
-        d, base = os.path.split(stem)
+    d, base = os.path.split(stem)
+    if html:
+        from .html_report import write_page
+        if progress is not None:
+            progress.set_description("compare: writing page", refresh=False)
+            progress.update(0)
+        page = os.path.join(d, base.replace("compare_result", "compare_report", 1) + ".html")
+        write_page(result, diag, digest, page)
+        paths.append(page)
+        _latest(page, os.path.join(d, "compare_report.html"))
+    if digest is not None:
         json_path = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
-        summary_json.write(json_path, digest[0])
+        summary_json.write(json_path, digest)
         paths.append(json_path)
         # a fixed name for scripts and CI: the latest run's summary (atomic: ranks may race)
-        latest = os.path.join(d, "compare_summary.json")
-        tmp = f"{latest}.{os.getpid()}.tmp"
-        shutil.copyfile(json_path, tmp)
-        os.replace(tmp, latest)
+        _latest(json_path, os.path.join(d, "compare_summary.json"))
     return paths
+
+
+def _latest(path: str, fixed: str) -> None:
+    """``fixed`` becomes the latest compare's file: a hard link where the file system has
+    them (a big page is not copied), else a copy; replaced atomically (ranks may race)."""
+    tmp = f"{fixed}.{os.getpid()}.tmp"
+    try:
+        os.link(path, tmp)
+    except OSError:
+        shutil.copyfile(path, tmp)
+    os.replace(tmp, fixed)
+
+
+def console_summary(result: CompareResult, digest: dict | None, paths: list) -> list:
+    """The few lines the CLI prints: row counts, the verdict, where the report is."""
+    counts = Counter(result.columns["Result"])
+    lines = [f"{result.mode} mode, {result.n_rows} rows: "
+             + ", ".join(f"{k} {counts.get(k, 0)}" for k in ("pass", "warning", "error"))]
+    if digest is not None:
+        fd = digest["first_divergence"]
+        rec = fd["forward"] or fd["backward"]
+        if rec is None:
+            lines.append("verdict: no API introduces error beyond what the dtype explains")
+        else:
+            what = "introduces error" if rec["kind"] == "introduced" else "has differing inputs"
+            where = [f"module {rec['module']}"] if rec.get("module") else []
+            frame = user_frame(rec.get("stack"))
+            if frame:
+                where.append(f"called at {frame}")
+            lines.append(f"verdict: {rec['npu_name'] or rec['bench_name']} ({rec['direction']}) {what}"
+                         + (": " + ", ".join(where) if where else "")
+                         + f"; output error {_fmt(rec['output_error'])} vs input {_fmt(rec['input_error'])}")
+    page = next((p for p in paths if p.endswith(".html")), None)
+    lines.append(f"report: {page or paths[0]}")
+    return lines

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "probe.run_summary/1"
 SUMMARY = "compare_summary.json"
-OPTIONS = ("stack_mode", "fuzzy_match", "align", "auto_analyze", "replay")
+OPTIONS = ("stack_mode", "fuzzy_match", "align", "auto_analyze", "replay", "html")
 
 
 @dataclass
@@ -90,6 +90,9 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
     paths = [p for o in outcomes for p in o.paths]
     from .run_report import write_run_workbook
     paths.append(write_run_workbook(summary, outcomes, output_path))
+    if options.get("html", True):       # the run's page: the answer and the grid, linking the pairs
+        from .html_report import write_run_page
+        paths.append(write_run_page(summary, os.path.join(output_path, "compare_run.html")))
     return RunResult(summary, summary_path, paths, outcomes, time.perf_counter() - t0)
 
 

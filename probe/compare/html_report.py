@@ -1,0 +1,292 @@
+"""The compare report as one self-contained HTML page (``compare_report_*.html``), and the
+page of a whole run (``write_run_page``).
+
+One file that opens by double-click: no server, no network, no third-party script. The
+page's CSS and JavaScript live in ``assets/`` (package data) and are inlined; the data is
+inlined as compact columnar JSON in a ``<script type="application/json">`` block: per call
+(name, direction, verdict, input and output error, module or stack group) and per row
+(its call, the rest of its name, result, dtype, shape, a few metrics at 4 significant
+digits), with repeated texts as indices into small tables. The 100k-entry pair's page is
+about 20 MB and the table only ever puts the visible rows into the DOM.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+from importlib import resources
+
+import numpy as np
+
+from .summary_json import StackLookup
+
+STATUS = ["clean", "introduces", "inherits", "unmatched", "not compared"]
+_ROW_METRICS = {
+    "statistics": ["Max diff", "Min diff", "Mean diff", "L2norm diff", "NormRelativeErr", "Err/Tolerance"],
+    "tensor": ["Cosine", "MaxAbsErr", "MaxRelativeErr", "EucDist", "Err/Tolerance"],
+    "md5": ["NPU MD5", "BENCH MD5"],
+}
+_FRAME = re.compile(r'File "?(?P<file>[^",]+)"?, line (?P<line>\d+), in (?P<func>[^,\n]+)')
+_LIBRARY = re.compile(r"[/\\](torch|torch_npu|msprobe)[/\\]|[/\\]probe[/\\](?!demo\.py)|<frozen ")
+_STEP = re.compile(r"(?:^|[/\\])step(\d+)(?:[/\\]|$)")
+_RANK = re.compile(r"(?:^|[/\\])(?:rank|proc)(\d*)(?:[/\\]|$)")
+
+
+def user_frame(stack: str | None) -> str | None:
+    """The innermost frame of ``stack`` outside torch and probe (and msprobe, torch_npu):
+    the line of the model's code that made the call ("modeling_gpt2.py:42 in forward")."""
+    if not stack:
+        return None
+    frames = [m for m in _FRAME.finditer(stack)]
+    for m in frames:                         # msprobe's stacks list the innermost first
+        if not _LIBRARY.search(m.group("file")):
+            return f"{m.group('file')}:{m.group('line')} in {m.group('func').strip()}"
+    return None
+
+
+def step_rank(path: str | None) -> tuple:
+    """(step, rank) from a dump path's step*/rank* folders, None where absent."""
+    if not path:
+        return None, None
+    s, r = _STEP.findall(path), _RANK.findall(path)
+    step = int(s[-1]) if s else None
+    rank = (int(r[-1]) if r[-1] else 0) if r else None
+    return step, rank
+
+
+def _b64(values, dtype: str) -> dict:
+    """A column as a typed array for the page: little-endian bytes in base64 (f8, f4, i4,
+    u2, u1), decoded by the page into a Float64Array etc. Numbers cost 4-8 bytes and no
+    formatting; NaN, None and infinities survive (None as NaN)."""
+    if dtype[0] == "f":
+        try:
+            arr = np.array(values, dtype=np.float64)
+        except (TypeError, ValueError):              # a text among the numbers
+            arr = np.array([v if isinstance(v, (int, float)) and v is not None else np.nan
+                            for v in values], dtype=np.float64)
+    else:
+        arr = np.asarray(values)
+    arr = arr.astype("<" + dtype)
+    return {"t": dtype, "b": base64.b64encode(arr.tobytes()).decode("ascii")}
+
+
+def _small(arr) -> dict:
+    """Non-negative integer codes in the narrowest typed array that holds them."""
+    top = int(arr.max()) if len(arr) else 0
+    return _b64(arr, "u1" if top < 256 else "u2" if top < 65536 else "i4")
+
+
+def _codes(values) -> tuple:
+    """(distinct values in order of appearance, per value its index as int32)."""
+    index = {v: k for k, v in enumerate(dict.fromkeys(values))}
+    return list(index), np.fromiter(map(index.__getitem__, values), np.int32, len(values))
+
+
+class _Codes:
+    """Repeated texts as indices into one table."""
+
+    def __init__(self):
+        self.index, self.items = {}, []
+
+    def __call__(self, text) -> int:
+        k = self.index.get(text)
+        if k is None:
+            k = self.index[text] = len(self.items)
+            self.items.append(text)
+        return k
+
+
+def _module_path(label: str) -> list:
+    """``transformer.h.0.attn.c_attn (Conv1D)`` -> [transformer, h.0, attn, c_attn (Conv1D)]."""
+    path, _, cls = label.partition(" (")
+    parts = []
+    for p in path.split("."):
+        if p.isdigit() and parts:
+            parts[-1] += "." + p
+        else:
+            parts.append(p)
+    if cls:
+        parts[-1] += " (" + cls
+    return parts
+
+
+def _groups(result, calls) -> tuple:
+    """Per call a group id, the groups' paths and what they are: modules (construct.json
+    of an L0/mix dump) or, for L1, the user's file and function from stack.json."""
+    codes = _Codes()
+    ids = []
+    if any(u.module for u in calls):
+        for u in calls:
+            ids.append(codes(tuple(_module_path(u.module)) if u.module else ("(outside any module)",)))
+        return ids, [list(p) for p in codes.items], "module"
+    stack = StackLookup(result.stack_path)
+    frames: dict = {}
+    for u in calls:
+        text = stack(u.npu_entry) or stack(u.bench_entry)
+        key = frames.get(text)
+        if key is None:
+            f = user_frame(text)
+            if f is None:
+                key = ("(no stack)",) if not text else ("(library code)",)
+            else:
+                where, _, func = f.partition(" in ")
+                file, _, line = where.rpartition(":")
+                key = (os.path.basename(file), f"{func} (line {line})")
+            frames[text] = key
+        ids.append(codes(key))
+    return ids, [list(p) for p in codes.items], "stack file"
+
+
+def _verdict(result, digest, calls) -> dict | None:
+    if not digest:
+        return None
+    fd = digest["first_divergence"]
+    rec = fd["forward"] or fd["backward"]
+    if rec is None:
+        return None
+    out = {k: rec.get(k) for k in ("npu_name", "bench_name", "direction", "kind", "module",
+                                   "input_error", "output_error", "threshold", "position")}
+    out["frame"] = user_frame(rec.get("stack"))
+    w = rec.get("worst_output") or {}
+    out["worst_row"] = w.get("npu_row") or w.get("bench_row")
+    out["metrics"] = {k: v for k, v in (w.get("metrics") or {}).items() if v is not None}
+    out["reason"] = rec.get("reason") or _reason(rec)
+    out["call"] = next((k for k, u in enumerate(calls) if u.index == rec["position"]), None)
+    other = fd["backward"] if rec is fd["forward"] else None
+    if other:
+        out["backward"] = {"name": other["npu_name"] or other["bench_name"], "kind": other["kind"],
+                           "call": next((k for k, u in enumerate(calls)
+                                         if u.index == other["position"]), None)}
+    return out
+
+
+def _fmt(x) -> str:
+    return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+def _reason(rec) -> str:
+    i, o, t = rec.get("input_error"), rec.get("output_error"), rec.get("threshold")
+    if rec.get("kind") == "introduced":
+        if isinstance(i, float) and i > 0 and isinstance(o, float):
+            return (f"its output error {_fmt(o)} is {o / i:.3g}x its input error {_fmt(i)} and above "
+                    f"the {_fmt(t)} its dtype explains: this call made the error.")
+        return (f"its inputs match but its output error {_fmt(o)} is above the {_fmt(t)} its dtype "
+                f"explains: this call made the error.")
+    return (f"its inputs already differ (input error {_fmt(i)}) though no compared call before it "
+            "introduced error: look at unmatched calls before it, the weights or the input data.")
+
+
+def page_data(result, diag, digest) -> str:
+    """The page's data as JSON text (safe inside a <script> block)."""
+    cols = result.columns
+    calls = diag.calls if diag is not None else []
+    n = result.n_rows
+    row_call = np.full(n, -1, dtype=np.int32)
+    for k, u in enumerate(calls):
+        row_call[u.rows] = k
+    names, benches = cols["NPU Name"], cols["Bench Name"]
+    rc = row_call.tolist()
+    suffix = _Codes()
+    x, side = np.empty(n, np.int32), np.zeros(n, np.uint8)
+    npu_entry = [u.npu_entry for u in calls]
+    bench_entry = [u.bench_entry for u in calls]
+    for i, (name, c) in enumerate(zip(names, rc)):
+        if name is None:
+            name, side[i] = benches[i] or "", 1
+            base = bench_entry[c] if c >= 0 else None
+        else:
+            base = npu_entry[c] if c >= 0 else None
+        x[i] = suffix(name[len(base):] if base and name.startswith(base) else name)
+    dtypes, dt = _codes([a if a is not None else b for a, b in zip(cols["NPU Dtype"], cols["Bench Dtype"])])
+    shapes, sh = _codes([str(a if a is not None else b) for a, b in
+                         zip(cols["NPU Tensor Shape"], cols["Bench Tensor Shape"])])
+    results, res = _codes(cols["Result"])
+    dirs, rd = _codes([v or "other" for v in cols["Direction"]])
+    metrics = [m for m in _ROW_METRICS.get(result.mode, []) if m in cols]
+    gids, gpaths, gkind = _groups(result, calls)
+    status = {s: k for k, s in enumerate(STATUS)}
+    step, rank = step_rank(result.npu.json_path if result.npu else None)
+    data = {
+        "head": {
+            "mode": result.mode, "matching": result.matching,
+            "npu": result.npu.json_path if result.npu else None,
+            "bench": result.bench.json_path if result.bench else None,
+            "step": step, "rank": rank, "notes": list(result.notes),
+            "error_measure": digest["error_measure"] if digest else None,
+            "counts": {"rows": digest["rows"] if digest else None,
+                       "calls": digest["calls"] if digest else None},
+            "diagnosed": diag is not None,
+            "verdict": _verdict(result, digest, calls),
+            "status": STATUS, "results": results, "dirs": dirs, "suffix": suffix.items,
+            "dtypes": dtypes, "shapes": shapes, "metrics": metrics,
+            "groups": gpaths, "group_kind": gkind},
+        "calls": {
+            "n": [u.npu_entry or u.bench_entry or "" for u in calls],
+            "b": [u.bench_entry if u.bench_entry and u.bench_entry != u.npu_entry else 0 for u in calls],
+            "d": _b64([u.direction == "backward" for u in calls], "u1"),
+            "s": _b64([status.get(u.status, 0) for u in calls], "u1"),
+            "i": _b64([u.input_error for u in calls], "f8"),
+            "o": _b64([u.output_error for u in calls], "f8"),
+            "t": _b64([u.threshold if u.output_error is not None else None for u in calls], "f8"),
+            "g": _small(np.asarray(gids, dtype=np.int64))},
+        "rows": {
+            "c": _b64(row_call, "i4"), "x": _small(x), "k": _b64(side, "u1"), "r": _small(res),
+            "dir": _small(rd), "dt": _small(dt), "sh": _small(sh),
+            "m": [[None if v is None else str(v) for v in cols[m]] if result.mode == "md5"
+                  else _b64(cols[m], "f4") for m in metrics]},
+    }
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+
+
+def _asset(name: str) -> str:
+    return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def _fill(template: str, title: str, data: str) -> str:
+    head, _, rest = template.partition("__DATA__")
+    head = head.replace("__TITLE__", title.replace("&", "&amp;").replace("<", "&lt;"))
+    return head + data + rest
+
+
+def write_page(result, diag, digest, path: str) -> str:
+    """Write the compare page of one pair to ``path``; return the path."""
+    title = "probe compare: " + os.path.basename(result.npu.json_path if result.npu else "")
+    page = _fill(_asset("compare_page.html"), title, page_data(result, diag, digest))
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(page)
+    os.replace(tmp, path)
+    return path
+
+
+RUN_SCHEMA = "probe.run_summary/1"
+RUN_VERDICTS = ("clean", "introduces", "inherits", "inputs_differ", "missing", "failed")
+
+
+def write_run_page(run_summary: dict, out_path: str) -> str:
+    """Write the page of a whole run (schema ``probe.run_summary/1``): the first divergence
+    and the steps x ranks grid, each cell linking to its pair's page by relative path."""
+    if not isinstance(run_summary, dict) or run_summary.get("schema") != RUN_SCHEMA:
+        raise ValueError(f"write_run_page: run_summary must be a dict with schema {RUN_SCHEMA!r}")
+    base = os.path.dirname(os.path.abspath(out_path))
+
+    def rel(p):
+        return os.path.relpath(os.path.abspath(p), base).replace(os.sep, "/") if p else None
+
+    grid = []
+    for cell in run_summary.get("grid", []):
+        v = cell.get("verdict")
+        if v not in RUN_VERDICTS:
+            raise ValueError(f"write_run_page: grid verdict {v!r} is not one of {', '.join(RUN_VERDICTS)}")
+        grid.append(dict(cell, html=rel(cell.get("html")), report=rel(cell.get("report"))))
+    fd = run_summary.get("first_divergence")
+    if fd:
+        fd = dict(fd, html=rel(fd.get("html")), report=rel(fd.get("report")))
+    data = dict(run_summary, grid=grid, first_divergence=fd)
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    page = _fill(_asset("run_page.html"), "probe run: " + str(run_summary.get("npu_root", "")), text)
+    os.makedirs(base, exist_ok=True)
+    with open(out_path, "w", encoding="utf-8") as fh:
+        fh.write(page)
+    return out_path

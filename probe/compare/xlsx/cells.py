@@ -1,0 +1,254 @@
+"""Cell encoding of the hand-written .xlsx writer: values -> SpreadsheetML cell bodies and
+CSV fields, a column at a time (types are worked out per column, not per cell), and rows
+-> sheet XML in one join.  About a million cells per second; XlsxWriter and openpyxl
+took ~7x as long on the 100k-entry compare.
+"""
+from __future__ import annotations
+
+import re
+from itertools import chain
+
+import numpy as np
+
+_ILLEGAL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+_ILLEGAL_BUT_NUL = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f]")   # NUL separates joined cells
+_EDGE_SPACE = re.compile(r"\s\x00|\x00\s")
+# A cell is "<c" + its style attribute + one of these bodies.
+_EMPTY = "/>"
+_NUM = "><v>%s</v></c>"
+_STR = ' t="inlineStr"><is><t>%s</t></is></c>'
+_STR_WS = ' t="inlineStr"><is><t xml:space="preserve">%s</t></is></c>'   # edge whitespace kept
+_SST_CELL = ' t="s"><v>%d</v></c>'                  # a shared string, by its index
+_BOOL = {False: ' t="b"><v>0</v></c>', True: ' t="b"><v>1</v></c>'}
+_INF, _NINF = float("inf"), float("-inf")
+_NONE_TYPE = type(None)
+
+
+class SharedStrings:
+    """The workbook's shared-strings table (xl/sharedStrings.xml): repeated texts (dtypes,
+    shapes, verdicts, messages) are written once and referred to by index, which makes the
+    sheet XML (and the deflating of it) much smaller.  Cells read back the same."""
+
+    def __init__(self):
+        self.cells, self.items = {}, []
+
+    def body(self, text: str) -> str:
+        """The cell body (after the style attribute) referring to ``text``."""
+        cell = self.cells.get(text)
+        if cell is None:
+            inline = text_body(text)                     # the same escaping / truncation
+            t = inline[inline.index("<t"):inline.rindex("</is>")]
+            cell = self.cells[text] = _SST_CELL % len(self.items)
+            self.items.append("<si>%s</si>" % t)
+        return cell
+
+    def xml(self) -> str:
+        n = len(self.items)
+        return ('<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+                '<sst xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" '
+                f'uniqueCount="{n}">' + "".join(self.items) + "</sst>")
+
+
+def col_letter(i: int) -> str:
+    s = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        s = chr(65 + r) + s
+    return s
+
+
+def esc(text: str) -> str:
+    if not text.isprintable():
+        text = _ILLEGAL.sub("", text)
+    if "&" in text or "<" in text or ">" in text:
+        text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text
+
+
+def text_body(text: str) -> str:
+    text = esc(text)
+    if len(text) > 32000:                       # Excel's cell limit is 32767 characters
+        text = text[:32000] + "..."
+    edge = text[:1].isspace() or text[-1:].isspace()
+    return (_STR_WS if edge else _STR) % text
+
+
+def cell_body(value) -> str:
+    """One cell's body (what follows its style attribute), for cells of unusual columns."""
+    t = type(value)
+    if t is float:
+        if value != value:
+            return _EMPTY
+        if value in (_INF, _NINF):
+            return text_body("inf" if value > 0 else "-inf")
+        return _NUM % repr(value)
+    if value is None:
+        return _EMPTY
+    if t is bool:
+        return _BOOL[value]
+    if t is int:
+        return _NUM % value
+    if isinstance(value, (int, float)):          # numpy scalars
+        return cell_body(float(value))
+    return text_body(str(value))
+
+
+def encode_column(col: list, sst: SharedStrings | None = None) -> tuple[list, list]:
+    """(cell bodies, CSV fields) of one column, worked out per column type, not per cell.
+
+    Each float is formatted once (repr: what csv.writer writes too) for both files;
+    strings are escaped in one pass over the joined column.  Cells and fields are what
+    ``cell_body`` and ``csv_field`` give for each value, which odd (mixed) columns still use;
+    with ``sst``, texts that repeat in the column are shared strings instead.
+    """
+    kinds = set(map(type, col))
+    has_none = _NONE_TYPE in kinds
+    kinds.discard(_NONE_TYPE)
+    if not kinds:
+        return [_EMPTY] * len(col), [""] * len(col)
+    if kinds == {float}:
+        texts = list(map(repr, col))
+        bodies = list(map(_NUM.__mod__, texts))
+        bad = np.flatnonzero(~np.isfinite(np.array(col, dtype=np.float64)))   # None -> NaN
+        for k in bad.tolist():
+            v = col[k]
+            bodies[k] = cell_body(v)
+            if v is None:
+                texts[k] = ""
+        return bodies, texts
+    if not {bool, int} <= kinds and kinds <= {str, bool, int}:
+        if sst is not None:                          # in order of first appearance
+            uniq = dict.fromkeys(col)
+            cells = {v: sst.body(v) if type(v) is str else cell_body(v) for v in uniq}
+            fields = {v: csv_field(v) for v in uniq}
+            return list(map(cells.__getitem__, col)), list(map(fields.__getitem__, col))
+        uniq = set(col)
+        if len(uniq) <= max(64, len(col) >> 3):      # few distinct values: look them up
+            cells = {v: cell_body(v) for v in uniq}
+            fields = {v: csv_field(v) for v in uniq}
+            return list(map(cells.__getitem__, col)), list(map(fields.__getitem__, col))
+    if kinds == {str}:
+        return _str_column(col, has_none)
+    if sst is not None:
+        return ([sst.body(v) if type(v) is str else cell_body(v) for v in col],
+                list(map(csv_field, col)))
+    return list(map(cell_body, col)), list(map(csv_field, col))
+
+
+def _constant(col: list) -> bool:
+    """Whether a chunk of a column holds one text (or one bool) only."""
+    t = type(col[0]) if col else None
+    if t is str:
+        return col.count(col[0]) == len(col)
+    if t is bool:
+        return col.count(col[0]) == len(col) and set(map(type, col)) == {bool}
+    return False
+
+
+def _finite_floats(col: list):
+    """The reprs of a column of finite floats only (the cells' ``<v>`` texts, the CSV's
+    fields), or None for any other column."""
+    if not col or type(col[0]) is not float or set(map(type, col)) != {float}:
+        return None
+    if not np.isfinite(np.array(col, dtype=np.float64)).all():
+        return None
+    return list(map(repr, col))
+
+
+def repeats(col: list) -> bool:
+    """Whether a column's texts repeat enough to be shared strings (decided for the whole
+    column, so that the XML does not depend on how the rows are chunked)."""
+    if len(set(col[:4096])) > 3072 or str not in set(map(type, col)):   # unique names: no
+        return False
+    try:
+        uniq = set(col)
+    except TypeError:                                # unhashable values: cell by cell
+        return False
+    return len(uniq) <= len(col) >> 1
+
+
+def _str_column(col: list, has_none: bool) -> tuple[list, list]:
+    texts = [("" if v is None else v) for v in col] if has_none else col
+    big = "\x00".join(texts)
+    if big.count("\x00") != len(col) - 1:            # a cell holds NUL itself: cell by cell
+        return list(map(cell_body, col)), list(map(csv_field, col))
+    plain_csv = "," not in big and '"' not in big and "\n" not in big and "\r" not in big
+    fields = texts if plain_csv else list(map(csv_field, texts))
+    printable = "".join(texts).isprintable()     # then no control characters, no space but " "
+    if not printable:
+        big = _ILLEGAL_BUT_NUL.sub("", big)
+    if "&" in big or "<" in big or ">" in big:
+        big = big.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    esc = big.split("\x00")
+    if max(map(len, esc)) > 32000:
+        esc = [t if len(t) <= 32000 else t[:32000] + "..." for t in esc]
+    if printable:
+        edge = big[:1] == " " or big[-1:] == " " or " \x00" in big or "\x00 " in big
+    else:
+        edge = big[:1].isspace() or big[-1:].isspace() or _EDGE_SPACE.search(big)
+    if edge:
+        bodies = [(_STR_WS if t[:1].isspace() or t[-1:].isspace() else _STR) % t for t in esc]
+    else:
+        bodies = list(map(_STR.__mod__, esc))
+    if has_none:
+        for k, v in enumerate(col):
+            if v is None:
+                bodies[k] = _EMPTY
+    return bodies, fields
+
+
+def csv_field(value) -> str:
+    """What csv.writer (minimal quoting) writes for one value."""
+    text = "" if value is None else str(value)
+    if "," in text or '"' in text or "\n" in text or "\r" in text:
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, shared: list,
+                with_csv: bool, heights: list | None = None) -> tuple[bytes, bytes]:
+    """Sheet XML and CSV of rows (``columns``: their values, one list per column; ``lo``:
+    the first one's index) in one join over the cells in row order: "<row r=..>", prefix,
+    body, ..., "</row>".  A column of finite floats gives just the numbers' texts, its
+    "><v>" and "</v></c>" going with the prefixes around them; a column of one value goes
+    whole into the (per row style) text before the next column.  ``prefixes``: per
+    column, row style -> the cell's opening; ``heights``: per row, a height in points or
+    None (the default height)."""
+    m = len(columns[0]) if columns else 0
+    enc, kind = [], []              # kind: 0 cell bodies, 1 float texts, 2 one body
+    for chunk, table in zip(columns, shared):
+        if _constant(chunk):
+            body, field = encode_column(chunk[:1], table)
+            enc.append((body[0], [field[0]] * m))
+            kind.append(2)
+            continue
+        plain = _finite_floats(chunk)
+        kind.append(1 if plain is not None else 0)
+        enc.append((plain, plain) if plain is not None else encode_column(chunk, table))
+    st = styles if styles else [None] * m
+    if heights:
+        seqs = [[f'<row r="{r}" ht="{h:g}" customHeight="1">' if h else f'<row r="{r}">'
+                 for r, h in zip(range(lo + 2, lo + m + 2), heights)]]
+    else:
+        seqs = [[f'<row r="{r}">' for r in range(lo + 2, lo + m + 2)]]
+    keys = list(prefixes[0]) if prefixes else [None]
+    pending = dict.fromkeys(keys, "")
+    prev_raw = False
+    for pre, (bodies, _), kd in zip(prefixes, enc, kind):
+        lead, tail = ("</v></c>" if prev_raw else ""), ("><v>" if kd == 1 else "")
+        full = {style: pending[style] + lead + p + tail for style, p in pre.items()}
+        if kd == 2:
+            pending = {style: t + bodies for style, t in full.items()}
+        else:
+            seqs.append(list(map(full.__getitem__, st)))
+            seqs.append(bodies)
+            pending = dict.fromkeys(keys, "")
+        prev_raw = kd == 1
+    end = {style: t + ("</v></c>" if prev_raw else "") + "</row>" for style, t in pending.items()}
+    seqs.append(list(map(end.__getitem__, st)))
+    xml = "".join(chain.from_iterable(zip(*seqs))).encode("utf-8")
+    text = ("\r\n".join(map(",".join, zip(*[f for _, f in enc]))) + "\r\n") if with_csv else ""
+    return xml, text.encode("utf-8")
+
+

@@ -1,0 +1,244 @@
+"""Sheets and the workbook of the hand-written .xlsx writer: the sheet XML around the rows
+(view, widths, row heights, autofilter, hyperlinks, drawing), the styles, the workbook
+parts, all streamed into one zip in this process (no helper threads or processes: one
+compare of one pair is one process)."""
+from __future__ import annotations
+
+import csv
+import io
+import zipfile
+from dataclasses import dataclass, field
+
+from .cells import SharedStrings, col_letter, encode_rows, esc, repeats
+from .chart import write_charts
+
+CHUNK_ROWS = 4096              # rows encoded and written at a time
+_FILL_RGB = {"error": "FFFFC7CE", "warning": "FFFFEB9C"}
+# cellXfs: data cells use fill * 2 + percent (0 = plain); then the header, wrapped text,
+# a hyperlink (blue, underlined, wrapped), both left-aligned (numbers too)
+_FILLS = {None: 0, "error": 1, "warning": 2}
+_XF_HEADER, _XF_WRAP, _XF_LINK = 6, 7, 8
+ROW_STYLES = (None, "error", "warning", "link")     # what Sheet.row_styles may hold
+
+
+@dataclass
+class Sheet:
+    name: str
+    header: list
+    columns: list                        # one list of values per header column
+    row_styles: list | None = None       # per data row: one of ROW_STYLES
+    widths: list | None = None
+    percent_columns: set = field(default_factory=set)
+    freeze_header: bool = True
+    autofilter: bool = True
+    wrap_columns: set = field(default_factory=set)   # header names whose cells wrap, top-aligned
+    charts: list = field(default_factory=list)   # LineChart objects drawn on this sheet
+    csv_path: str | None = None          # also write these rows as CSV (same pass, same text)
+    row_heights: list | None = None      # per data row: points, or None for the default
+    links: list = field(default_factory=list)    # (cell ref "B7", location "'Sheet'!A12")
+    active: bool = False                 # the sheet the workbook opens on
+    fit_width: bool = False              # printed (and exported to PDF) one page wide, landscape
+
+    @classmethod
+    def from_rows(cls, name, header, rows, *args, **kw):
+        """A small sheet given row by row."""
+        cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in header]
+        return cls(name, header, cols, *args, **kw)
+
+
+def _styles_xml() -> str:
+    fills = ['<fill><patternFill patternType="none"/></fill>',
+             '<fill><patternFill patternType="gray125"/></fill>']
+    for key in ("error", "warning"):
+        fills.append(f'<fill><patternFill patternType="solid"><fgColor rgb="{_FILL_RGB[key]}"/>'
+                     f'<bgColor indexed="64"/></patternFill></fill>')
+    xfs = []
+    for fill in range(3):
+        fill_id = 0 if fill == 0 else fill + 1
+        for pct in (0, 1):
+            fmt = 164 if pct else 0
+            flags = (' applyNumberFormat="1"' if pct else "") + (' applyFill="1"' if fill else "")
+            xfs.append(f'<xf numFmtId="{fmt}" fontId="0" fillId="{fill_id}" borderId="0" '
+                       f'xfId="0"{flags}/>')
+    xfs.append('<xf numFmtId="0" fontId="1" fillId="0" borderId="0" xfId="0" applyFont="1" '
+               'applyAlignment="1"><alignment wrapText="1" vertical="top"/></xf>')
+    xfs.append('<xf numFmtId="0" fontId="0" fillId="0" borderId="0" xfId="0" '
+               'applyAlignment="1"><alignment horizontal="left" wrapText="1" vertical="top"/></xf>')
+    xfs.append('<xf numFmtId="0" fontId="2" fillId="0" borderId="0" xfId="0" applyFont="1" '
+               'applyAlignment="1"><alignment horizontal="left" wrapText="1" vertical="top"/></xf>')
+    return ('<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+            '<styleSheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main">'
+            '<numFmts count="1"><numFmt numFmtId="164" formatCode="0.000%"/></numFmts>'
+            '<fonts count="3"><font><sz val="11"/><name val="Calibri"/></font>'
+            '<font><b/><sz val="11"/><name val="Calibri"/></font>'
+            '<font><u/><sz val="11"/><color rgb="FF0563C1"/><name val="Calibri"/></font></fonts>'
+            f'<fills count="{len(fills)}">{"".join(fills)}</fills>'
+            '<borders count="1"><border><left/><right/><top/><bottom/><diagonal/></border></borders>'
+            '<cellStyleXfs count="1"><xf numFmtId="0" fontId="0" fillId="0" borderId="0"/></cellStyleXfs>'
+            f'<cellXfs count="{len(xfs)}">{"".join(xfs)}</cellXfs>'
+            '<cellStyles count="1"><cellStyle name="Normal" xfId="0" builtinId="0"/></cellStyles>'
+            '</styleSheet>')
+
+
+_STYLES_XML = _styles_xml()
+
+
+def _prefixes(sheet: Sheet) -> list:
+    """Per column: row style -> the cell's opening "<c" with its style attribute."""
+    out = []
+    for h in sheet.header:
+        p = h in sheet.percent_columns
+        wrap = h in sheet.wrap_columns
+        pre = {}
+        for style in ROW_STYLES:
+            if style == "link":
+                xf = _XF_LINK
+            elif wrap and style is None:
+                xf = _XF_WRAP
+            else:
+                xf = _FILLS[style] * 2 + p
+            pre[style] = "<c" + (f' s="{xf}"' if xf else "")
+        out.append(pre)
+    return out
+
+
+def _shared_tables(sheet: Sheet, sst: SharedStrings | None) -> list:
+    """Per column: the shared-strings table if its texts repeat enough, else None.  Every
+    text is registered first, column by column, so the indices do not depend on the
+    chunking of the rows."""
+    shared = [sst if sst is not None and repeats(c) else None for c in sheet.columns]
+    for col, table in zip(sheet.columns, shared):
+        if table is not None:
+            for v in dict.fromkeys(col):
+                if type(v) is str:
+                    table.body(v)
+    return shared
+
+
+def _header_cell(ref: str, text) -> str:
+    return f'<c r="{ref}" s="{_XF_HEADER}" t="inlineStr"><is><t xml:space="preserve">{esc(str(text))}</t></is></c>'
+
+
+def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrings | None = None,
+                 progress=None) -> None:
+    ncol = len(sheet.header)
+    letters = [col_letter(i) for i in range(ncol)]
+    with zf.open(f"xl/worksheets/sheet{index}.xml", "w", force_zip64=True) as fh:
+        parts = ['<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+                 '<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" '
+                 'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships">'
+                 + ('<sheetPr><pageSetUpPr fitToPage="1"/></sheetPr>' if sheet.fit_width else '')
+                 + '<sheetViews><sheetView' + (' tabSelected="1"' if sheet.active else '')
+                 + ' workbookViewId="0">']
+        if sheet.freeze_header:
+            parts.append('<pane ySplit="1" topLeftCell="A2" activePane="bottomLeft" state="frozen"/>'
+                         '<selection pane="bottomLeft" activeCell="A2" sqref="A2"/>')
+        parts.append('</sheetView></sheetViews><sheetFormatPr defaultRowHeight="15"/>')
+        if sheet.widths:
+            parts.append("<cols>" + "".join(
+                f'<col min="{i + 1}" max="{i + 1}" width="{w:.1f}" customWidth="1"/>'
+                for i, w in enumerate(sheet.widths)) + "</cols>")
+        parts.append('<sheetData><row r="1">')
+        parts.extend(_header_cell(f"{letters[c]}1", h) for c, h in enumerate(sheet.header))
+        parts.append("</row>")
+        fh.write("".join(parts).encode("utf-8"))
+        n = len(sheet.columns[0]) if sheet.columns else 0
+        prefixes, shared = _prefixes(sheet), _shared_tables(sheet, sst)
+        with_csv = sheet.csv_path is not None
+        csv_fh = open(sheet.csv_path, "wb") if with_csv else None
+        try:
+            if csv_fh:
+                head = io.StringIO(newline="")
+                csv.writer(head).writerow(sheet.header)
+                csv_fh.write(head.getvalue().encode("utf-8"))
+            for lo in range(0, n, CHUNK_ROWS):
+                hi = min(n, lo + CHUNK_ROWS)
+                xml, text = encode_rows([c[lo:hi] for c in sheet.columns],
+                                        sheet.row_styles[lo:hi] if sheet.row_styles else None, lo,
+                                        prefixes, shared, with_csv,
+                                        sheet.row_heights[lo:hi] if sheet.row_heights else None)
+                fh.write(xml)
+                if csv_fh:
+                    csv_fh.write(text)
+                if progress is not None:
+                    progress(hi - lo)
+        finally:
+            if csv_fh:
+                csv_fh.close()
+        tail = ["</sheetData>"]
+        if sheet.autofilter and ncol:
+            tail.append(f'<autoFilter ref="A1:{letters[-1]}{max(n + 1, 1)}"/>')
+        if sheet.links:
+            tail.append("<hyperlinks>" + "".join(
+                f'<hyperlink ref="{ref}" location="{esc(loc).replace(chr(34), "&quot;")}" display="{ref}"/>'
+                for ref, loc in sheet.links) + "</hyperlinks>")
+        if sheet.fit_width:
+            tail.append('<pageMargins left="0.5" right="0.5" top="0.6" bottom="0.6" header="0.3" footer="0.3"/>'
+                        '<pageSetup orientation="landscape" fitToWidth="1" fitToHeight="0"/>')
+        if sheet.charts:
+            tail.append('<drawing r:id="rId1"/>')
+        tail.append("</worksheet>")
+        fh.write("".join(tail).encode("utf-8"))
+
+
+def write_workbook(path: str, sheets, progress=None) -> None:
+    """Write ``sheets`` (Sheet objects, or an iterator that makes them one at a time) to
+    ``path``.  ``progress``: called with the number of rows written after each chunk."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        sst = SharedStrings()
+        done = []
+        for sheet in sheets:
+            done.append(sheet)
+            _write_sheet(zf, len(done), sheet, sst, progress)
+        zf.writestr("xl/sharedStrings.xml", sst.xml())
+        _write_parts(zf, done)
+
+
+def _write_parts(zf: zipfile.ZipFile, sheets: list) -> None:
+    """Everything but the sheets and the shared strings: charts, workbook, styles, rels."""
+    n = len(sheets)
+    active = next((i for i, s in enumerate(sheets) if s.active), 0)
+    chart_types = write_charts(zf, sheets)
+    zf.writestr("[Content_Types].xml",
+                '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+                '<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
+                '<Default Extension="rels" ContentType="application/vnd.openxmlformats-package.relationships+xml"/>'
+                '<Default Extension="xml" ContentType="application/xml"/>'
+                '<Override PartName="/xl/workbook.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.sheet.main+xml"/>'
+                '<Override PartName="/xl/styles.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.styles+xml"/>'
+                '<Override PartName="/xl/sharedStrings.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.sharedStrings+xml"/>'
+                + "".join(f'<Override PartName="/xl/worksheets/sheet{i + 1}.xml" ContentType='
+                          f'"application/vnd.openxmlformats-officedocument.spreadsheetml.worksheet+xml"/>'
+                          for i in range(n))
+                + "".join(f'<Override PartName="{p}" ContentType="{t}"/>' for p, t in chart_types)
+                + "</Types>")
+    zf.writestr("_rels/.rels",
+                '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+                '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
+                '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
+                'relationships/officeDocument" Target="xl/workbook.xml"/></Relationships>')
+    names = "".join(f'<sheet name="{esc(s.name)}" sheetId="{i + 1}" r:id="rId{i + 1}"/>'
+                    for i, s in enumerate(sheets))
+    defined = "".join(
+        f'<definedName name="_xlnm._FilterDatabase" localSheetId="{i}" hidden="1">'
+        f"'{esc(s.name)}'!$A$1:${col_letter(len(s.header) - 1)}$1</definedName>"
+        for i, s in enumerate(sheets) if s.autofilter and s.header)
+    zf.writestr("xl/workbook.xml",
+                '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+                '<workbook xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" '
+                'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships">'
+                f'<bookViews><workbookView activeTab="{active}"/></bookViews>'
+                f"<sheets>{names}</sheets>"
+                + (f"<definedNames>{defined}</definedNames>" if defined else "") + "</workbook>")
+    zf.writestr("xl/_rels/workbook.xml.rels",
+                '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+                '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
+                + "".join(f'<Relationship Id="rId{i + 1}" Type="http://schemas.openxmlformats.org/'
+                          f'officeDocument/2006/relationships/worksheet" Target="worksheets/sheet{i + 1}.xml"/>'
+                          for i in range(n))
+                + f'<Relationship Id="rId{n + 1}" Type="http://schemas.openxmlformats.org/'
+                  f'officeDocument/2006/relationships/styles" Target="styles.xml"/>'
+                + f'<Relationship Id="rId{n + 2}" Type="http://schemas.openxmlformats.org/'
+                  f'officeDocument/2006/relationships/sharedStrings" Target="sharedStrings.xml"/>'
+                  '</Relationships>')
+    zf.writestr("xl/styles.xml", _STYLES_XML)

@@ -1,0 +1,252 @@
+"""The report a user looks at: the HTML page in a real browser, the workbook's Summary.
+
+A tiny HF GPT-2 is trained for two steps twice, dumped at level mix (so construct.json
+gives the module tree); in the "NPU" run one call is faulty: the second LayerNorm call
+(block 0's ln_2) has its output scaled by 1.01 by a TorchFunctionMode entered below the
+debugger (see test_diagnosis). The page must name that call, in its module, and the
+workbook must open on a Summary that links to its row.
+
+Browser tests drive Debian's chromium through chromium-driver and selenium; without them
+they skip with a one-line reason (``.ci/run`` installs them).
+"""
+import glob
+import os
+import re
+import shutil
+import time
+
+import openpyxl
+import pytest
+import torch
+import torch.nn.functional as F
+
+from probe.compare import compare
+from probe.compare.construct import load_modules
+from probe.compare.html_report import write_run_page
+from test_diagnosis import Fault, scale_output
+
+CULPRIT = "Functional.layer_norm.1.forward"      # the 2nd layer_norm call: transformer.h.0.ln_2
+CULPRIT_MODULE = "transformer.h.0.ln_2 (LayerNorm)"
+STEPS = 2
+
+
+def gpt2_run(dump_path, fault=None):
+    """Two training steps of a tiny GPT-2 (from a config), dumped at level mix; the fault,
+    if any, is active in step 0. Returns step 0's dump.json."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from probe import PrecisionDebugger
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 64, (2, 12), generator=g)
+    dbg = PrecisionDebugger(dump_path=str(dump_path), task="statistics", level="mix")
+    try:
+        for step in range(STEPS):
+            with (fault if fault is not None and step == 0 else Fault()):
+                dbg.start(model=model)
+                try:
+                    loss = model(ids, labels=ids).loss
+                    loss.backward()
+                finally:
+                    dbg.stop()
+            opt.step()
+            opt.zero_grad()
+            dbg.step()
+    finally:
+        dbg.close()
+    found = glob.glob(os.path.join(str(dump_path), "step0", "*", "dump.json"))
+    assert found, "the debugger wrote no dump.json"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    bench = gpt2_run(root / "bench")
+    npu = gpt2_run(root / "npu", Fault(F.layer_norm, 1, scale_output(1.01)))
+    paths = compare({"npu_json_path": npu, "bench_json_path": bench, "is_print_compare_log": False},
+                    str(root / "out"))
+    xlsx, csv, html, summary = paths
+    return {"root": root, "npu": npu, "xlsx": xlsx, "html": html, "summary": summary}
+
+
+# ---------------------------------------------------------------- the workbook
+
+def test_workbook_opens_on_a_readable_summary_linked_to_the_culprit(report):
+    wb = openpyxl.load_workbook(report["xlsx"])
+    assert wb.sheetnames == ["compare_result", "Summary", "Diagnosis"]   # msprobe's first sheet kept
+    assert wb.active.title == "Summary"
+    ws = wb["Summary"]
+    # label and value side by side: a narrow label column, a wide wrapped value column
+    assert ws.column_dimensions["A"].width <= 40 <= ws.column_dimensions["B"].width
+    lines = {r[0].value: r[1] for r in ws.iter_rows(min_row=2)}
+    assert lines["first divergence (forward)"].value.startswith(CULPRIT)
+    assert lines["first divergence (forward): module"].value == CULPRIT_MODULE
+    stack = lines["first divergence (forward): stack"]
+    assert stack.alignment.wrap_text and "\n" in stack.value
+    assert ws.row_dimensions[stack.row].height > 15 * 3        # tall enough for several lines
+    assert all(r[1].alignment.wrap_text for r in ws.iter_rows(min_row=2))
+    # the culprit's row, one click away
+    link = lines["culprit row (click)"].hyperlink
+    m = re.fullmatch(r"'compare_result'!A(\d+)", link.location)
+    assert m, link.location
+    target = wb["compare_result"][f"A{m.group(1)}"].value
+    assert target.startswith(CULPRIT + ".output")
+    # the chart sits below the text, not over it
+    anchor = ws._charts[0].anchor._from
+    assert anchor.row >= ws.max_row
+
+
+def test_no_html_skips_the_page(report, tmp_path, capsys):
+    from probe.cli import main
+    fault_npu = report["npu"]
+    bench = fault_npu.replace(os.sep + "npu" + os.sep, os.sep + "bench" + os.sep)
+    assert main(["compare", "--npu", fault_npu, "--bench", bench, "-o", str(tmp_path), "--no-html"]) == 0
+    assert not glob.glob(str(tmp_path / "*.html")) and glob.glob(str(tmp_path / "*.xlsx"))
+    err = capsys.readouterr().err
+    verdict = [line for line in err.splitlines() if "verdict:" in line]
+    assert len(verdict) == 1 and CULPRIT in verdict[0] and CULPRIT_MODULE in verdict[0]
+
+
+def test_page_is_one_file_with_no_network(report):
+    with open(report["html"], encoding="utf-8") as fh:
+        page = fh.read()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert '<script type="application/json" id="data">' in page and CULPRIT in page
+    latest = os.path.join(os.path.dirname(report["html"]), "compare_report.html")
+    with open(latest, encoding="utf-8") as fh:
+        assert fh.read() == page            # the fixed name is the latest compare's page
+
+
+# ---------------------------------------------------------------- the browser
+
+def _browser():
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.skip("no chromium/chromedriver: apt-get install -y chromium chromium-driver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.options import Options
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip("no selenium: pip install selenium (the test extra)")
+    opts = Options()
+    opts.binary_location = chromium
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--window-size=1400,1000"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    d = _browser()
+    yield d
+    d.quit()
+
+
+def _open(browser, path):
+    browser.get("file://" + os.path.abspath(path))
+    t = time.time()
+    while browser.execute_script("return document.body && document.body.dataset.ready") != "1":
+        assert time.time() - t < 60, "the page never became ready"
+        time.sleep(0.05)
+
+
+def _errors(browser):
+    return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def _visible_rows(browser):
+    return browser.execute_script(
+        "return [...document.querySelectorAll('#spacer .tr')].map(r => r.children[1].textContent)")
+
+
+def test_page_names_the_culprit_and_links_tree_chart_table(report, browser, tmp_path):
+    _open(browser, report["html"])
+    assert _errors(browser) == []
+    from selenium.webdriver.common.by import By
+    banner = browser.find_element(By.ID, "verdict").text
+    assert CULPRIT in browser.find_element(By.ID, "culprit").text
+    assert CULPRIT_MODULE in banner and "step / rank" in banner and "0 /" in banner
+    # the chart marks the culprit
+    mark = browser.find_element(By.ID, "culpritmark")
+    assert mark.is_displayed() and CULPRIT in mark.text
+    # on load the culprit is selected everywhere: its tree node, its rows
+    assert browser.execute_script("return document.body.dataset.selected") == CULPRIT
+    sel = browser.find_element(By.CSS_SELECTOR, ".nrow.sel").text
+    assert sel.startswith("ln_2")
+    assert any(r.startswith(CULPRIT) for r in _visible_rows(browser))
+    total = browser.execute_script("return R.c.length")
+    # a click on a tree node filters the table to that module's calls
+    node = next(e for e in browser.find_elements(By.CSS_SELECTOR, "#tree .nrow")
+                if e.find_element(By.CSS_SELECTOR, ".lbl").text.startswith("lm_head"))
+    node.click()
+    count = browser.find_element(By.ID, "count").text
+    shown = int(count.split()[0])
+    assert 0 < shown < total and f"of {total}" in count
+    inside = {e for e, m in load_modules(report["npu"]).items() if m.startswith("lm_head")}
+    rows = _visible_rows(browser)
+    assert rows
+    for name in rows:
+        assert any(name.startswith(e + ".") for e in inside), name
+    # a click on a table row selects its call everywhere
+    browser.find_elements(By.CSS_SELECTOR, "#spacer .tr")[0].click()
+    picked = browser.execute_script("return document.body.dataset.selected")
+    assert picked and rows[0].startswith(picked)
+    assert _errors(browser) == []
+    shot = tmp_path / "report.png"
+    browser.save_screenshot(str(shot))
+    assert shot.stat().st_size > 10_000
+
+
+def test_run_page_grid_links_each_pair(report, browser, tmp_path):
+    run = {"schema": "probe.run_summary/1", "npu_root": "npu", "bench_root": "bench",
+           "first_divergence": {"name": CULPRIT, "step": 0, "rank": 1, "direction": "forward",
+                                "kind": "introduced", "reason": "output error jumps",
+                                "report": report["summary"], "html": report["html"]},
+           "steps": [0, 1], "ranks": [0, 1],
+           "grid": [{"step": 0, "rank": 0, "verdict": "clean", "first": None, "report": None, "html": None},
+                    {"step": 0, "rank": 1, "verdict": "introduces", "first": CULPRIT,
+                     "report": report["summary"], "html": report["html"]},
+                    {"step": 1, "rank": 0, "verdict": "inherits", "first": None, "report": None, "html": None}],
+           "notes": ["rank 1 step 1 was not dumped"]}
+    page = write_run_page(run, str(tmp_path / "run" / "run_report.html"))
+    _open(browser, page)
+    assert _errors(browser) == []
+    from selenium.webdriver.common.by import By
+    cells = browser.find_elements(By.CSS_SELECTOR, "#grid td")
+    assert [c.get_attribute("class") for c in cells] == ["clean", "introduces first", "inherits", "missing"]
+    href = cells[1].find_element(By.TAG_NAME, "a").get_attribute("href")
+    assert href.startswith("file://") and os.path.samefile(href[len("file://"):], report["html"])
+    assert CULPRIT in browser.find_element(By.ID, "culprit").text
+
+
+def test_run_page_refuses_a_bad_summary(tmp_path):
+    with pytest.raises(ValueError, match="schema"):
+        write_run_page({"grid": []}, str(tmp_path / "x.html"))
+    with pytest.raises(ValueError, match="verdict 'odd'"):
+        write_run_page({"schema": "probe.run_summary/1", "grid": [{"step": 0, "rank": 0, "verdict": "odd"}]},
+                       str(tmp_path / "x.html"))
+
+
+def test_demo_injects_a_kernel_fault_and_names_it(tmp_path, capsys):
+    import json
+    from probe.demo import FAULT_CALL, run_demo
+    paths = run_demo(str(tmp_path / "demo"))
+    err = capsys.readouterr().err
+    assert "injecting one kernel fault" in err
+    verdict = [line for line in err.splitlines() if "verdict:" in line]
+    assert len(verdict) == 1 and FAULT_CALL in verdict[0]
+    with open(paths[-1], encoding="utf-8") as fh:
+        assert json.load(fh)["first_divergence"]["forward"]["npu_name"] == FAULT_CALL
+    wb = openpyxl.load_workbook(paths[0])
+    lines = {r[0].value: r[1].value for r in wb["Summary"].iter_rows(min_row=2)}
+    assert lines["first divergence (forward)"].startswith(FAULT_CALL)
+    with open(paths[2], encoding="utf-8") as fh:
+        assert FAULT_CALL in fh.read()
