@@ -268,8 +268,9 @@ def test_distributed_and_cli(tmp_path, capsys):
                                 processes=2)
     names = sorted(os.path.basename(p) for p in paths)
     assert os.path.isfile(tmp_path / "o" / "compare_summary.json")     # not among the returned paths
-    # per pair: xlsx, csv, page, summary json; and the run workbook
-    assert len(names) == 9 and names[0].startswith("compare_report_step0_rank0_")
+    # per pair: xlsx, csv, page, summary json; and the run's workbook and page
+    assert len(names) == 10 and names[0].startswith("compare_report_step0_rank0_")
+    assert "compare_run.html" in names
     assert sum(n.startswith("compare_summary_step0_rank1_") for n in names) == 1
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -155,7 +155,7 @@ def test_a_plain_script_without_main_guard_runs_the_pool_once(runs, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("USER SCRIPT RUNS") == 1
-    assert "PATHS 19" in proc.stdout                  # 6 pairs x 3 files + the run workbook
+    assert "PATHS 26" in proc.stdout   # 6 pairs x (xlsx, csv, page, json) + the run workbook and page
     assert "first divergence: Functional.gelu.0.forward" in proc.stderr
     with open(out / "compare_summary.json") as fh:
         assert json.load(fh)["first_divergence"]["rank"] == 1
