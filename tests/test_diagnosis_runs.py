@@ -168,10 +168,9 @@ FAULTS = [
     ("conv", "tensor", "sgd", True, ("native_batch_norm.default", 1, 0, "offset", 0.05)),
     ("conv", "tensor", "sgd", False, ("threshold_backward.default", 0, 2, "scale", 1.02)),
     ("conv", "tensor", "adamw_foreach", False, ("_foreach_addcdiv_.ScalarList", 0, 1, "scale", 1.02, 3)),
-    pytest.param("conv", "tensor", "adamw_fused", False, ("_fused_adamw_.default", 0, 0, "scale", 1.02, 3),
-                 marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-                     "Torch._fused_adamw_ updates its arguments in place and returns None: the "
-                     "dump records its output as [null], so the update it makes is not seen"))),
+    ("conv", "tensor", "adamw_fused", False, ("_fused_adamw_.default", 0, 0, "scale", 1.02, 3)),
+    ("conv", "tensor", "adamw_foreach", True, ("_foreach_addcdiv_.ScalarList", 0, 2, "scale", 1.02, 1)),
+    ("conv", "statistics", "adamw_foreach", False, ("_foreach_addcdiv_.ScalarList", 0, 1, "scale", 1.02, 3)),
     ("gpt2", "statistics", "adamw", True, ("tanh.default", 1, 1, "scale", 1.5)),
     ("gpt2", "statistics", "adamw", False, ("native_layer_norm.default", 3, 2, "offset", 0.05)),
 ]

@@ -86,7 +86,7 @@ def scope_key(entry_name):
 
 class _Call:
     """One API call between its ``before`` and ``after``."""
-    __slots__ = ("base", "summaries", "entry", "grad", "parent")
+    __slots__ = ("base", "summaries", "entry", "grad", "parent", "target")
 
     def __init__(self, base, summaries, entry, parent):
         self.base = base
@@ -94,6 +94,25 @@ class _Call:
         self.entry = entry
         self.grad = None     # (autograd edges before the call, number of input slots)
         self.parent = parent
+        self.target = None   # an in-place API's first argument: what it writes
+
+
+_INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__",
+                              "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__",
+                              "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"})
+
+
+class _InPlace(dict):
+    """``in_place[name]``: does API ``name`` (``Tensor.add_``, ``Torch._foreach_mul_``,
+    ``Tensor.__iadd__``) write its first argument; decided once per name."""
+
+    def __missing__(self, name):
+        leaf = name.rsplit(".", 1)[-1]
+        value = self[name] = leaf in _INPLACE_DUNDERS or (leaf.endswith("_") and not leaf.endswith("__"))
+        return value
+
+
+_in_place = _InPlace()
 
 
 class ApiCollector:
@@ -155,6 +174,8 @@ class ApiCollector:
         call = _Call(base, entries.summaries(), ForwardEntry(),
                      None if self.construct is None else self.construct.current)
         flt = self.filter
+        if args and _in_place[base.rsplit(".", 1)[0]]:
+            call.target = args[0]
         if flt.forward:
             if flt.inputs:
                 entries.inputs(call.entry, fwd, args, kwargs, call.summaries)
@@ -168,8 +189,13 @@ class ApiCollector:
     def _after(self, call, out):
         base = call.base
         flt = self.filter
+        shown = out
+        if call.target is not None:
+            self.entries.cache.forget(call.target)
+            if out is None:       # torch._fused_adamw_ and co. return nothing: what they wrote is the result
+                shown = call.target
         if flt.forward and flt.outputs:
-            self.entries.outputs(call.entry, base + ".forward", out, call.summaries)
+            self.entries.outputs(call.entry, base + ".forward", shown, call.summaries)
         call.summaries.resolve()
         parent = call.parent
         if flt.forward:

@@ -194,6 +194,13 @@ class SummaryCache:
             return hit[2]
         return None
 
+    def forget(self, value):
+        """Drop the summaries of ``value`` (a tensor or a list of them), which an in-place
+        API just wrote: a write below autograd (a dispatch mode, some foreach kernels under
+        one) leaves the version counter as it was, so the version alone cannot say so."""
+        for t in value if isinstance(value, (list, tuple)) else (value,):
+            self._entries.pop(id(t), None)
+
     def store(self, t, value):
         try:
             self._entries[id(t)] = (weakref.ref(t), t._version, value)
