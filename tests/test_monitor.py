@@ -128,7 +128,7 @@ def test_alerts_are_logged_once_until_recovery(tmp_path, caplog):
 
 def test_clean_run_raises_no_alert(tmp_path):
     model, opt, batches = make_gpt2(seed=3)
-    with Monitor(output_dir=str(tmp_path), activations=True) as mon:
+    with Monitor(output_dir=str(tmp_path), activations=True, update_ratio=True) as mon:
         mon.set_monitor(model, optimizer=opt)
         train(model, opt, batches, 45)
     assert mon.alerts == []
@@ -144,7 +144,7 @@ def test_csv_has_one_row_per_step_and_name_with_the_true_values(tmp_path):
     def before_step(step):   # what the monitor must report, computed here independently
         if step % 5 == 0:
             expected[step] = {n: (p.detach().norm().item(), p.grad.norm().item()) for n, p in model.named_parameters()}
-    with Monitor(output_dir=str(tmp_path), interval=5, activations=True) as mon:
+    with Monitor(output_dir=str(tmp_path), interval=5, activations=True, update_ratio=True) as mon:
         mon.set_monitor(model, optimizer=opt)
         losses = train(model, opt, batches, 22, before_step=before_step)
     rows = read_csv(tmp_path / "metrics_rank0.csv")
@@ -198,7 +198,7 @@ def test_monitoring_leaves_training_bitwise_identical(tmp_path):
         model, opt, batches = make_gpt2()
         mon = None
         if monitored:
-            mon = Monitor(output_dir=str(tmp_path), activations=True, grad_pre_reduction=True)
+            mon = Monitor(output_dir=str(tmp_path), activations=True, grad_pre_reduction=True, update_ratio=True)
             mon.set_monitor(model, optimizer=opt)
         losses = train(model, opt, batches, 12)
         if mon is not None:
@@ -233,7 +233,7 @@ def test_nan_is_alerted_at_once_and_first_in_call_order(tmp_path):
 
 def test_loop_without_optimizer_manual_step_and_log_loss(tmp_path):
     model, _, batches = make_gpt2()
-    with Monitor(output_dir=str(tmp_path), optimizer=False) as mon:
+    with Monitor(output_dir=str(tmp_path), optimizer=False, update_ratio=True) as mon:
         mon.set_monitor(model)
         for step in range(4):
             x = batches[step]
@@ -248,6 +248,7 @@ def test_loop_without_optimizer_manual_step_and_log_loss(tmp_path):
     rows = read_csv(tmp_path / "metrics_rank0.csv")
     assert sorted({int(r["step"]) for r in rows}) == [0, 1, 2, 3]
     assert all(r["loss"] for r in rows if r["name"] == "train")
+    # no optimizer: no update ratio (there is no update to see)
     assert all(r["grad_norm"] and not r["update_ratio"] for r in rows if r["name"].endswith(".weight"))
 
 

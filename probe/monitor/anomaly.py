@@ -41,6 +41,7 @@ class AnomalyDetector:
         self.tested = np.zeros(0, bool)
         self.hist = np.full((self.window, 0), np.nan)
         self.row = 0                    # next row of the ring buffer
+        self.filled = 0                 # rows written so far (up to window)
         self.active = {}                # (name, metric) -> column, alerting and logged
 
     def _columns(self, keys):
@@ -65,7 +66,8 @@ class AnomalyDetector:
         counts = np.fromiter((k[1].endswith("nonfinite") for k in keys), bool, len(keys))
         finite = np.isfinite(x)
         bad = ~finite | (counts & (x > 0))
-        hist = self.hist[:, cols]
+        # until the ring buffer has wrapped, only its first rows hold values
+        hist = (self.hist if self.filled == self.window else self.hist[:self.filled])[:, cols]
         valid = ~np.isnan(hist)
         ready = self.tested[cols] & finite & (valid.sum(axis=0) >= self.warmup)
         spike = np.zeros(len(keys), bool)
@@ -87,6 +89,7 @@ class AnomalyDetector:
         new_row[cols] = np.where(finite, x, np.nan)
         self.hist[self.row] = new_row
         self.row = (self.row + 1) % self.window
+        self.filled = min(self.filled + 1, self.window)
 
         alerts = []
         flagged = np.flatnonzero(bad | spike)

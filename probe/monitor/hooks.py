@@ -130,6 +130,7 @@ class Collector:
         self.forward_handle = None
         self.old_weights = None
         self.old_norms = None
+        self.weight_copy = None
         self.optimizer_handles = []
         self.loss_seen = False
         if optimizer is not None:
@@ -211,6 +212,7 @@ class Collector:
         for h in self.optimizer_handles:
             h.remove()
         self.optimizer_handles = []
+        self.weight_copy = None
 
     # ---- forward -----------------------------------------------------------------------
     def _forward_hook(self, module, args, kwargs, output):
@@ -304,7 +306,13 @@ class Collector:
                               [(BACKWARD, self._bwd_pos(i), 0) for i in idx],
                               [self.grad_pre_values[i] for i in idx])
         if opts.update_ratio and self.optimizer is not None:
-            self.old_weights = torch._foreach_mul(weights, 1.0)   # one copy of the weights, this step only
+            # a copy of the weights kept between logged steps: refilled in place, since a
+            # fresh allocation per step (page faults on the CPU) costs more than the copy
+            if self.weight_copy is None:
+                self.weight_copy = [w.clone() for w in weights]
+            else:
+                torch._foreach_copy_(self.weight_copy, weights)
+            self.old_weights = self.weight_copy
             self.old_norms = w_norms
         if self.scaler is not None:
             scale = getattr(self.scaler, "_scale", None)

@@ -25,7 +25,7 @@ class MonitorOptions:
     weights: bool = True
     gradients: bool = True
     optimizer: bool = True           # exp_avg / exp_avg_sq norms (Adam-style state)
-    update_ratio: bool = True        # ||w_new - w_old|| / ||w_old||: one copy of the params on logging steps
+    update_ratio: bool = False       # ||w_new - w_old|| / ||w_old||: keeps a copy of the weights, 3 passes over them
     grad_pre_reduction: object = "auto"   # "auto": when torch.distributed has more than one rank
     interval: int = 1                # log every `interval` steps (step % interval == 0)
     modules: tuple = ()              # names, substrings or "regex(...)"; empty: all
