@@ -39,6 +39,8 @@ class AnomalyDetector:
         self.rel_floor = options.alert_rel_floor
         self.index = {}                 # (name, metric) -> column
         self.tested = np.zeros(0, bool)
+        self.is_count = np.zeros(0, bool)
+        self._arange = np.zeros(0, np.intp)
         self.hist = np.full((self.window, 0), np.nan)
         self.row = 0                    # next row of the ring buffer
         self.filled = 0                 # rows written so far (up to window)
@@ -53,8 +55,18 @@ class AnomalyDetector:
             n = len(index)
             grow = n - self.hist.shape[1]
             self.hist = np.concatenate([self.hist, np.full((self.window, grow), np.nan)], axis=1)
-            self.tested = np.concatenate([self.tested, np.array([spike_tested(k[1]) for k in list(index)[-grow:]])])
-        return np.fromiter((index[k] for k in keys), np.intp, len(keys))
+            added = list(index)[-grow:]
+            self.tested = np.concatenate([self.tested, np.array([spike_tested(k[1]) for k in added], bool)])
+            self.is_count = np.concatenate([self.is_count, np.array([k[1].endswith("nonfinite") for k in added], bool)])
+        cols = np.fromiter((index[k] for k in keys), np.intp, len(keys))
+        if len(cols) == self.hist.shape[1] and (cols == self.arange(len(cols))).all():
+            return slice(None)     # every series, in column order: views, no gathers
+        return cols
+
+    def arange(self, n):
+        if len(self._arange) != n:
+            self._arange = np.arange(n)
+        return self._arange
 
     def observe(self, stats):
         """Alerts of one ``StepStats`` (sorted, the first flagged); updates the history."""
@@ -63,7 +75,7 @@ class AnomalyDetector:
             return []
         cols = self._columns(keys)
         x = np.asarray(stats.values, dtype=np.float64)
-        counts = np.fromiter((k[1].endswith("nonfinite") for k in keys), bool, len(keys))
+        counts = self.is_count[cols]
         finite = np.isfinite(x)
         bad = ~finite | (counts & (x > 0))
         # until the ring buffer has wrapped, only its first rows hold values
@@ -113,7 +125,8 @@ class AnomalyDetector:
     def _log(self, stats, alerts, cols, flagged):
         """One log line per (name, metric) until it recovers; the step's first alert first."""
         if self.active:
-            now = dict(zip(cols.tolist(), flagged.tolist()))
+            col_ids = self.arange(self.hist.shape[1])[cols] if isinstance(cols, slice) else cols
+            now = dict(zip(col_ids.tolist(), flagged.tolist()))
             for key, col in list(self.active.items()):
                 if now.get(col) is False:
                     del self.active[key]

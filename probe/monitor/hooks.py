@@ -119,6 +119,9 @@ class Collector:
             if p.requires_grad and options.wants_module(owner):
                 self.params.append((n, p, owner))
         self.owners = {n: owner for n, _, owner in self.params}
+        self.weights = [p for _, p, _ in self.params]   # read under no_grad: no detach needed
+        self.layouts = {}
+        self.backward_seen = 0
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.grad_pre = options.gradients and (options.grad_pre_reduction is True or
                                                (options.grad_pre_reduction == "auto" and world > 1))
@@ -274,42 +277,60 @@ class Collector:
 
     # ---- optimizer step -----------------------------------------------------------------
     def _fwd_pos(self, owner):
-        pos = self.step_order.get(owner)
-        if pos is None:
-            pos = self.order.get(owner, math.inf)
-        return pos
+        return self.order.get(owner, math.inf)
+
+    def _bwd_pos(self, i):
+        pos = self.backward_order.get(i)
+        if pos is not None:
+            return pos
+        return -self._fwd_pos(self.params[i][2])   # backward runs the forward in reverse
+
+    def _layout(self, metric, phase, sub, idx, backward=False):
+        """Keys and order keys of a family of parameter statistics, built once per call order."""
+        hit = self.layouts.get((metric, idx))
+        if hit is None:
+            params = self.params
+            ids = range(len(params)) if idx is None else idx
+            keys = [(params[i][0], metric) for i in ids]
+            order = [(phase, self._bwd_pos(i) if backward else self._fwd_pos(params[i][2]), sub) for i in ids]
+            hit = self.layouts[(metric, idx)] = (keys, order)
+        return hit
 
     def _weights_and_grads(self):
-        if self.step_order:
+        if self.step_order and self.step_order != self.order:
             self.order = dict(self.step_order)
+            self.layouts = {}
+        if len(self.backward_order) != self.backward_seen:
+            self.backward_seen = len(self.backward_order)
+            self.layouts = {}
         opts, buf = self.opts, self.buffer
         params = self.params
         if not params:
             return
-        weights = [p.detach() for _, p, _ in params]
+        weights = self.weights
         w_norms = None
         if opts.weights or opts.update_ratio:
             w_norms = norms(weights)
         if opts.weights:
-            buf.add_block([(n, "weight_norm") for n, _, _ in params],
-                          [(FORWARD, self._fwd_pos(o), 0) for _, _, o in params], w_norms)
+            buf.add_block(*self._layout("weight_norm", FORWARD, 0, None), w_norms)
         if opts.gradients:
-            with_grad = [(i, p.grad.detach()) for i, (_, p, _) in enumerate(params) if p.grad is not None]
-            if with_grad:
+            grads = [p.grad for p in weights]
+            idx = None
+            if any(g is None for g in grads):
+                idx = tuple(i for i, g in enumerate(grads) if g is not None)
+                grads = [grads[i] for i in idx]
+            if grads:
                 phase = REDUCED if self.grad_pre else BACKWARD
-                buf.add_block([(params[i][0], "grad_norm") for i, _ in with_grad],
-                              [(phase, self._bwd_pos(i), 1) for i, _ in with_grad],
-                              norms([g for _, g in with_grad]))
+                buf.add_block(*self._layout("grad_norm", phase, 1, idx, backward=True), norms(grads))
             if self.grad_pre and self.grad_pre_values:
-                idx = sorted(self.grad_pre_values)
-                buf.add_block([(params[i][0], "grad_norm_pre") for i in idx],
-                              [(BACKWARD, self._bwd_pos(i), 0) for i in idx],
-                              [self.grad_pre_values[i] for i in idx])
+                pre_idx = tuple(sorted(self.grad_pre_values))
+                buf.add_block(*self._layout("grad_norm_pre", BACKWARD, 0, pre_idx, backward=True),
+                              [self.grad_pre_values[i] for i in pre_idx])
         if opts.update_ratio and self.optimizer is not None:
             # a copy of the weights kept between logged steps: refilled in place, since a
             # fresh allocation per step (page faults on the CPU) costs more than the copy
             if self.weight_copy is None:
-                self.weight_copy = [w.clone() for w in weights]
+                self.weight_copy = [w.detach().clone() for w in weights]
             else:
                 torch._foreach_copy_(self.weight_copy, weights)
             self.old_weights = self.weight_copy
@@ -321,31 +342,26 @@ class Collector:
             elif self.scaler.is_enabled():
                 buf.add_host((TRAIN, "loss_scale"), (OPTIMIZER, -1, 0), self.scaler.get_scale())
 
-    def _bwd_pos(self, i):
-        pos = self.backward_order.get(i)
-        if pos is not None:
-            return pos
-        return -self._fwd_pos(self.params[i][2])   # backward runs the forward in reverse
-
     def _optimizer_state(self):
-        opts, buf, params = self.opts, self.buffer, self.params
+        opts, buf = self.opts, self.buffer
         if opts.optimizer and self.optimizer is not None:
             state = self.optimizer.state
+            states = [state.get(p) for p in self.weights]
             for key in ("exp_avg", "exp_avg_sq"):
-                found = [(n, o, s[key]) for n, p, o in params
-                         for s in (state.get(p),) if s and isinstance(s.get(key), torch.Tensor)]
+                found = [s.get(key) if s else None for s in states]
+                idx = None
+                if not all(isinstance(t, torch.Tensor) for t in found):
+                    idx = tuple(i for i, t in enumerate(found) if isinstance(t, torch.Tensor))
+                    found = [found[i] for i in idx]
                 if found:
-                    buf.add_block([(n, f"{key}_norm") for n, _, _ in found],
-                                  [(OPTIMIZER, self._fwd_pos(o), 0) for _, o, _ in found],
-                                  norms([t.detach() for _, _, t in found]))
+                    buf.add_block(*self._layout(f"{key}_norm", OPTIMIZER, 0, idx), norms(found))
         if self.old_weights is not None:
-            torch._foreach_sub_(self.old_weights, [p.detach() for _, p, _ in params])   # old - new = -update
+            torch._foreach_sub_(self.old_weights, self.weights)   # old - new = -update
             upd = norms(self.old_weights)
             w = self.old_norms
             # -1 marks a weight that was all zeros (no ratio); dropped when fetched
             ratio = torch.where(w > 0, upd / w.clamp_min(torch.finfo(torch.float32).tiny), torch.full_like(w, -1.0))
-            buf.add_block([(n, "update_ratio") for n, _, _ in params],
-                          [(OPTIMIZER, self._fwd_pos(o), 1) for _, _, o in params], ratio)
+            buf.add_block(*self._layout("update_ratio", OPTIMIZER, 1, None), ratio)
             self.old_weights = None
 
     # ---- the step's numbers ----------------------------------------------------------------

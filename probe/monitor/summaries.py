@@ -32,9 +32,11 @@ class StepBuffer:
         if isinstance(values, (list, tuple)):
             if not values:
                 return
-            values = torch.stack([v.detach().float() for v in values])
+            values = torch.stack([v.float() for v in values])
         b = len(self.blocks)
-        self.blocks.append(values.detach().float().reshape(-1))
+        if values.dtype != torch.float32:
+            values = values.float()
+        self.blocks.append(values.detach().reshape(-1))
         self.keys.extend(keys)
         self.order.extend(order)
         self.parts.extend((b, i) for i in range(len(keys)))
@@ -106,4 +108,8 @@ def norms(tensors):
     if not tensors:
         return None
     with torch.no_grad():
-        return torch.stack([n.float() for n in torch._foreach_norm(tensors)])
+        out = torch._foreach_norm(tensors)
+        try:
+            return torch.stack(out).float()
+        except RuntimeError:    # mixed dtypes or devices
+            return torch.stack([n.float().to(out[0].device) for n in out])
