@@ -305,7 +305,9 @@ def test_config_file_section_and_module_filter(tmp_path):
 
 def test_missing_tensorboard_is_one_clear_error_only_when_asked(tmp_path, monkeypatch):
     import sys
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)   # as if not installed
+    for name in [n for n in sys.modules if n.startswith(("tensorboard", "torch.utils.tensorboard"))] + \
+            ["tensorboard", "torch.utils.tensorboard"]:
+        monkeypatch.setitem(sys.modules, name, None)   # as if not installed
     with pytest.raises(ConfigError, match=r"pip install probe\[monitor\]"):
         Monitor(output_dir=str(tmp_path), formats=["tensorboard"])
     model, opt, batches = make_gpt2()
