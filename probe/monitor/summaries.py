@@ -56,8 +56,9 @@ class StepBuffer:
         if hit is None:
             return
         if type(hit) is tuple:
-            for k, v in zip(prefix_keys, hit):
-                self.add_host(k, order, v)
+            self.keys.extend(prefix_keys)
+            self.order.extend((order,) * len(prefix_keys))
+            self.parts.extend(float(v) for v in hit)
         else:
             self.add_block(prefix_keys, [order] * len(prefix_keys), hit)
 
