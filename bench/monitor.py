@@ -81,12 +81,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer blocks")
     ap.add_argument("--tensorboard", action="store_true", help="also time the TensorBoard output")
+    ap.add_argument("--blocks", type=int, default=None, help="blocks per side (default 6, --quick 3)")
+    ap.add_argument("--only", default=None, help="run only the configurations whose label contains this")
     args = ap.parse_args()
-    blocks = 3 if args.quick else 6
+    blocks = args.blocks or (3 if args.quick else 6)
     configs = list(CONFIGS)
     if args.tensorboard:
         configs.append(("+ activations + TensorBoard, every step",
                         dict(activations=True, formats=["csv", "alerts", "tensorboard"]), None))
+    if args.only:
+        configs = [c for c in configs if args.only in c[0]]
     print(f"{'model':<24}{'monitor':<42}{'off ms':>9}{'on ms':>9}{'ratio':>7}{'target':>8}")
     for model_name in ("gpt2 block d256 b4x64", "mid d256 4blk b64"):
         for label, options, target in configs:

@@ -219,6 +219,8 @@ class Collector:
 
     # ---- forward -----------------------------------------------------------------------
     def _forward_hook(self, module, args, kwargs, output):
+        if not torch.is_grad_enabled():
+            return   # an evaluation forward (no_grad / inference_mode) between training steps
         if module is self.loss_fn:
             self.add_loss(output, (FORWARD, math.inf, 0))
             return

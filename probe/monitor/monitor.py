@@ -54,7 +54,8 @@ class Monitor:
 
         ``scaler``: a GradScaler whose scale is recorded. ``loss_fn``: an ``nn.Module``
         loss whose output is recorded as the step's loss (an HF model's ``output.loss`` is
-        recorded without it; otherwise call ``log_loss``).
+        recorded without it; otherwise call ``log_loss``). In a distributed run call it
+        after ``init_process_group``: the rank names the files.
         """
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"set_monitor: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -62,7 +63,7 @@ class Monitor:
             raise TypeError(f"set_monitor: loss_fn must be an nn.Module (hooked for its output), "
                             f"got {type(loss_fn).__name__}; call mon.log_loss(loss) instead")
         if self.collector is not None:
-            raise RuntimeError("set_monitor: this Monitor already watches a model; close() it or make another")
+            raise RuntimeError("set_monitor: this Monitor already watches a model; make another Monitor")
         if optimizer is not None:
             optimizer = unwrap_optimizer(optimizer)
         self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
