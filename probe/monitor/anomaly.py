@@ -42,8 +42,7 @@ class AnomalyDetector:
         self.is_count = np.zeros(0, bool)
         self._arange = np.zeros(0, np.intp)
         self.hist = np.full((self.window, 0), np.nan)
-        self.row = 0                    # next row of the ring buffer
-        self.filled = 0                 # rows written so far (up to window)
+        self.pos = np.zeros(0, np.intp)  # next row of each series' ring buffer
         self.active = {}                # (name, metric) -> column, alerting and logged
 
     def _columns(self, keys):
@@ -58,6 +57,7 @@ class AnomalyDetector:
             added = list(index)[-grow:]
             self.tested = np.concatenate([self.tested, np.array([spike_tested(k[1]) for k in added], bool)])
             self.is_count = np.concatenate([self.is_count, np.array([k[1].endswith("nonfinite") for k in added], bool)])
+            self.pos = np.concatenate([self.pos, np.zeros(grow, np.intp)])
         cols = np.fromiter((index[k] for k in keys), np.intp, len(keys))
         if len(cols) == self.hist.shape[1] and (cols == self.arange(len(cols))).all():
             return slice(None)     # every series, in column order: views, no gathers
@@ -78,8 +78,7 @@ class AnomalyDetector:
         counts = self.is_count[cols]
         finite = np.isfinite(x)
         bad = ~finite | (counts & (x > 0))
-        # until the ring buffer has wrapped, only its first rows hold values
-        hist = (self.hist if self.filled == self.window else self.hist[:self.filled])[:, cols]
+        hist = self.hist[:, cols]
         valid = ~np.isnan(hist)
         ready = self.tested[cols] & finite & (valid.sum(axis=0) >= self.warmup)
         spike = np.zeros(len(keys), bool)
@@ -89,19 +88,22 @@ class AnomalyDetector:
             if valid[:, ready].all():
                 med = np.median(h, axis=0)
                 mad = np.median(np.abs(h - med), axis=0)
-            else:
+            else:   # windows not full yet
                 med = np.nanmedian(h, axis=0)
                 mad = np.nanmedian(np.abs(h - med), axis=0)
             scale = np.maximum(np.maximum(1.4826 * mad, self.rel_floor * np.abs(med)), 1e-30)
             low, high = med - self.threshold * scale, med + self.threshold * scale
             xr = x[ready]
             spike[ready] = (xr < low) | (xr > high)
-        # history: finite values only (NaN marks "no value" too)
-        new_row = np.full(self.hist.shape[1], np.nan)
-        new_row[cols] = np.where(finite, x, np.nan)
-        self.hist[self.row] = new_row
-        self.row = (self.row + 1) % self.window
-        self.filled = min(self.filled + 1, self.window)
+        # history: each series has its own ring position, so series logged at other steps
+        # (the Trainer's on_log, log_scalars(step=...)) do not age the others; only finite
+        # values enter it
+        ids = self.arange(self.hist.shape[1])[cols] if isinstance(cols, slice) else cols
+        ids = ids[finite]
+        if ids.size:
+            pos = self.pos[ids]
+            self.hist[pos, ids] = x[finite]
+            self.pos[ids] = (pos + 1) % self.window
 
         alerts = []
         flagged = np.flatnonzero(bad | spike)
