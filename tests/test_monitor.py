@@ -333,3 +333,29 @@ def test_a_monitor_failure_never_stops_training(tmp_path, caplog):
     assert len(failures) == 1 and "CsvOutput" in failures[0].getMessage()
     for a, b in zip(model.parameters(), ref_model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_loss_fn_module_and_evaluation_forwards(tmp_path):
+    """A plain model: the loss comes from the hooked loss module; a no_grad evaluation
+    forward between steps is not mixed into the step's activations."""
+    from models import make_gpt
+    model, x, y = make_gpt(seed=0, n_layers=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    expected = []
+    with Monitor(output_dir=str(tmp_path), activations=True) as mon:
+        mon.set_monitor(model, optimizer=opt, loss_fn=loss_fn)
+        for _ in range(3):
+            out = model(x)
+            loss = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+            loss.backward()
+            expected.append((loss.item(), out.detach().norm().item()))
+            with torch.no_grad():
+                model(torch.cat([x, x, x]))      # evaluation: 3x the rows, 1.7x the norm
+            opt.step()
+            opt.zero_grad()
+    rows = read_csv(tmp_path / "metrics_rank0.csv")
+    losses = [float(r["loss"]) for r in rows if r["name"] == "train"]
+    norms = [float(r["output_norm"]) for r in rows if r["name"] == "<model>"]
+    assert losses == pytest.approx([e[0] for e in expected], rel=1e-6)
+    assert norms == pytest.approx([e[1] for e in expected], rel=1e-5)
