@@ -16,6 +16,7 @@ import json
 import logging
 import os
 
+import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ class DumpArm:
         self.target = module
         self.first, self.last = next_step, next_step + self.opts.dump_steps - 1
         self.step_of = step_of
-        self.handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post)]
+        self.handles = [register_module_forward_pre_hook(torch.compiler.disable(self._pre)),
+                        register_module_forward_hook(torch.compiler.disable(self._post))]
         log.warning("probe monitor: dumping %s (%s) at step(s) %d-%d to %s", alert.module, self.opts.dump_level,
                     self.first, self.last, dump_path_of(self.opts))
         return True

@@ -136,6 +136,9 @@ class Collector:
         self.weight_copy = None
         self.optimizer_handles = []
         self.loss_seen = False
+        # under torch.compile the hook runs eagerly (a graph break), not traced and
+        # recompiled for every tensor it looks at
+        self.eager_forward_hook = torch.compiler.disable(self._forward_hook)
         if optimizer is not None:
             self.optimizer_handles = [optimizer.register_step_pre_hook(self._make_hook(self.before_update)),
                                       optimizer.register_step_post_hook(self._make_hook(self.after_update))]
@@ -154,7 +157,7 @@ class Collector:
     def _begin_step(self):
         """Install the logging step's forward hook (global: nothing on the model)."""
         if self.logging() and self.forward_handle is None:
-            self.forward_handle = register_module_forward_hook(self._forward_hook, with_kwargs=True)
+            self.forward_handle = register_module_forward_hook(self.eager_forward_hook, with_kwargs=True)
 
     def _end_forward_hooks(self):
         if self.forward_handle is not None:
@@ -265,6 +268,7 @@ class Collector:
         values, bwd = self.grad_pre_values, self.backward_order
 
         def make(i):
+            @torch.compiler.disable
             def hook(p):
                 try:
                     with guard(), torch.no_grad():
