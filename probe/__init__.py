@@ -28,6 +28,7 @@ _EXPORTS = {
     "OpTimeMeasure": "probe.toolbox",
     "OpCapture": "probe.toolbox",
     "apply_feature": "probe.toolbox",
+    "Monitor": "probe.monitor",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,106 @@
+"""Monitor overhead: training-step time with the monitor off and on.
+
+    python bench/monitor.py [--quick] [--tensorboard]
+
+For the GPT-2 block and the 4-block d=256 model of bench/overhead.py (trained with AdamW),
+prints the median step time off and on and their ratio for: weights + gradients +
+optimizer state every step; the same with activations every step; everything every 10
+steps. Timing as bench/overhead.py: one model trained in alternating blocks of steps with
+the monitor off and on (a new Monitor per "on" block, closed after it), one intra-op
+thread, the first step of each block not timed, medians of steady-state steps (with
+an interval, the median is a step that is not logged: the "mean ratio" column is what a
+run pays on average, logged steps included, and noisier). Outputs:
+CSV and alerts.jsonl (``--tensorboard`` adds a row with TensorBoard too). A measurement,
+not a test: nothing asserts. Targets (issue 24): x1.05, x1.15, x1.02.
+"""
+import argparse
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+from overhead import MODELS, train_step  # noqa: E402
+
+from probe import Monitor  # noqa: E402
+
+CONFIGS = [
+    ("weights+grads+optimizer, every step", dict(activations=False), 1.05),
+    ("+ update ratio, every step", dict(activations=False, update_ratio=True), None),
+    ("+ activations, every step", dict(activations=True), 1.15),
+    ("all, every 10 steps", dict(activations=True, update_ratio=True, interval=10), 1.02),
+]
+
+
+def make(model_name, seed=1234):
+    torch.manual_seed(seed)
+    build, shape = MODELS[model_name]
+    model = build()
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(*shape, generator=g)
+    y = torch.randint(0, 10, (shape[0],), generator=g)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), x, y
+
+
+def time_monitor(model_name, options, blocks, block=21):
+    """Median step times (s) off and on; ``blocks`` blocks per side of ``block`` steps.
+
+    A block of 21 steps times 20: with interval=10, two of them are logged steps, the
+    share a long run has."""
+    torch.set_num_threads(1)
+    model, opt, x, y = make(model_name)
+    out_root = tempfile.mkdtemp(prefix="probe_monitor_bench_")
+    times = ([], [])
+    gc.collect()
+    try:
+        for b in range(2 * blocks):
+            on = b % 2
+            mon = None
+            if on:
+                mon = Monitor(output_dir=os.path.join(out_root, str(b)), **options)
+                mon.set_monitor(model, optimizer=opt)
+            for k in range(block):
+                t0 = time.perf_counter()
+                train_step(model, opt, x, y)
+                if k:
+                    times[on].append(time.perf_counter() - t0)
+            if mon is not None:
+                mon.close()
+        off, on = (t[block - 1:] for t in times)   # the first block of each side is warm-up
+        return statistics.median(off), statistics.median(on), statistics.mean(off), statistics.mean(on)
+    finally:
+        shutil.rmtree(out_root, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer blocks")
+    ap.add_argument("--tensorboard", action="store_true", help="also time the TensorBoard output")
+    ap.add_argument("--blocks", type=int, default=None, help="blocks per side (default 6, --quick 3)")
+    ap.add_argument("--only", default=None, help="run only the configurations whose label contains this")
+    args = ap.parse_args()
+    blocks = args.blocks or (3 if args.quick else 6)
+    configs = list(CONFIGS)
+    if args.tensorboard:
+        configs.append(("+ activations + TensorBoard, every step",
+                        dict(activations=True, formats=["csv", "alerts", "tensorboard"]), None))
+    if args.only:
+        configs = [c for c in configs if args.only in c[0]]
+    print(f"{'model':<24}{'monitor':<42}{'off ms':>9}{'on ms':>9}{'ratio':>7}{'target':>8}{'mean ratio':>11}")
+    for model_name in ("gpt2 block d256 b4x64", "mid d256 4blk b64"):
+        for label, options, target in configs:
+            off, on, mean_off, mean_on = time_monitor(model_name, options, blocks)
+            tgt = f"x{target:.2f}" if target else "-"
+            print(f"{model_name:<24}{label:<42}{off * 1e3:>9.2f}{on * 1e3:>9.2f}{on / off:>7.3f}{tgt:>8}"
+                  f"{mean_on / mean_off:>11.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
