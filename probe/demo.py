@@ -117,11 +117,8 @@ def run_demo(out_dir="demo_out"):
     return compare(params, os.path.join(out_dir, "compare"), stack_mode=True)
 
 
-def add_arguments(parser):
-    parser.add_argument("-o", "--output", default="demo_out", help="output folder (default: demo_out)")
-
-
 def run(args):
+    """``probe demo`` (its options: ``probe.demo_cli``)."""
     for path in run_demo(args.output) or []:
         print(path)
     return 0

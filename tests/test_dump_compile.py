@@ -7,10 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 dynamo = pytest.importorskip("torch._dynamo")
-from torch._dynamo.utils import counters  # noqa: E402
-
-from models import make_gpt, train_step  # noqa: E402
 from conftest import load_dump  # noqa: E402
+from models import make_gpt, train_step  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
 
 
 def _train(make_debugger=None, steps=3):

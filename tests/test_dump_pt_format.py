@@ -8,11 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from probe import PrecisionDebugger  # noqa: E402
-from probe.precheck import run_ut  # noqa: E402
-
 from conftest import load_dump  # noqa: E402
 from models import make_mlp, train_step  # noqa: E402
+
+from probe import PrecisionDebugger  # noqa: E402
+from probe.precheck import run_ut  # noqa: E402
 
 
 def _dump(dump_path, fmt, dtype=torch.float32):

@@ -15,13 +15,13 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
+from conftest import load_dump  # noqa: E402
+
 from probe import PrecisionDebugger  # noqa: E402
 from probe.compare.reader import DumpMeta, read_dump  # noqa: E402
 from probe.hook_module.registry import load_registry  # noqa: E402
 from probe.precheck.entries import RANDOM, parse_name, resolve_api  # noqa: E402
-from probe.precheck.inputs import Loader, Unrebuildable, flat_outputs, is_tensor_desc, torch_dtype  # noqa: E402
-
-from conftest import load_dump  # noqa: E402
+from probe.precheck.inputs import Loader, Unrebuildable, flat_outputs, is_tensor_desc  # noqa: E402
 
 
 def _dump(path, fn):

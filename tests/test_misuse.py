@@ -9,10 +9,10 @@ import yaml
 
 torch = pytest.importorskip("torch")
 
+from conftest import load_dump  # noqa: E402
+
 from probe import PrecisionDebugger  # noqa: E402
 from probe.errors import ConfigError  # noqa: E402
-
-from conftest import load_dump  # noqa: E402
 
 
 def _warnings(caplog):

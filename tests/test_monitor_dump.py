@@ -5,7 +5,6 @@ import os
 
 import pytest
 import torch
-
 from test_monitor import LAYER, make_gpt2, one_thread, train  # noqa: F401  (one_thread: autouse fixture)
 
 from probe import Monitor

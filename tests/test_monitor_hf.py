@@ -3,7 +3,6 @@ import csv
 
 import pytest
 import torch
-
 from test_monitor import make_gpt2, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 from probe import Monitor

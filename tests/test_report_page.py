@@ -19,11 +19,11 @@ import openpyxl
 import pytest
 import torch
 import torch.nn.functional as F
+from test_diagnosis import Fault, scale_output
 
 from probe.compare import compare
 from probe.compare.construct import load_modules
 from probe.compare.html_report import write_run_page
-from test_diagnosis import Fault, scale_output
 
 CULPRIT = "Functional.layer_norm.1.forward"      # the 2nd layer_norm call: transformer.h.0.ln_2
 CULPRIT_MODULE = "transformer.h.0.ln_2 (LayerNorm)"
@@ -34,6 +34,7 @@ def gpt2_run(dump_path, fault=None):
     """Two training steps of a tiny GPT-2 (from a config), dumped at level mix; the fault,
     if any, is active in step 0. Returns step 0's dump.json."""
     from transformers import GPT2Config, GPT2LMHeadModel
+
     from probe import PrecisionDebugger
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
@@ -237,6 +238,7 @@ def test_run_page_refuses_a_bad_summary(tmp_path):
 
 def test_demo_injects_a_kernel_fault_and_names_it(tmp_path, capsys):
     import json
+
     from probe.demo import FAULT_CALL, run_demo
     paths = run_demo(str(tmp_path / "demo"))
     err = capsys.readouterr().err

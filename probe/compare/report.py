@@ -316,16 +316,19 @@ def console_summary(result: CompareResult, digest: dict | None, paths: list) -> 
         fd = digest["first_divergence"]
         rec = fd["forward"] or fd["backward"]
         if rec is None:
-            lines.append("verdict: no API introduces error beyond what the dtype explains")
+            lines.append(f"verdict: {digest.get('verdict') or 'no API introduces error'}")
         else:
-            what = "introduces error" if rec["kind"] == "introduced" else "has differing inputs"
             where = [f"module {rec['module']}"] if rec.get("module") else []
             frame = user_frame(rec.get("stack"))
             if frame:
                 where.append(f"called at {frame}")
-            lines.append(f"verdict: {rec['npu_name'] or rec['bench_name']} ({rec['direction']}) {what}"
-                         + (": " + ", ".join(where) if where else "")
-                         + f"; output error {_fmt(rec['output_error'])} vs input {_fmt(rec['input_error'])}")
+            lines.append(f"verdict: {rec['npu_name'] or rec['bench_name']} ({rec['direction']}) introduces error"
+                         + (" (" + ", ".join(where) + ")" if where else "")
+                         + (f": {rec['reason']}" if rec.get("reason") else
+                            f"; output error {_fmt(rec['output_error'])} vs input {_fmt(rec['input_error'])}"))
+        state = digest.get("state")
+        if state and state.get("differ"):
+            lines.append(state["text"])
     page = next((p for p in paths if p.endswith(".html")), None)
     lines.append(f"report: {page or paths[0]}")
     return lines

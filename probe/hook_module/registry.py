@@ -171,7 +171,7 @@ def _warn_unknown(path, absent):
 def _replaced_by_user(obj):
     """A Python function defined outside torch, found where torch's function was."""
     return type(obj) is types.FunctionType and \
-        not (getattr(obj, "__module__", None) or "torch").split(".", 1)[0] in ("torch", "probe")
+        (getattr(obj, "__module__", None) or "torch").split(".", 1)[0] not in ("torch", "probe")
 
 
 def resolve(registry):

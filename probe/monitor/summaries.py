@@ -70,7 +70,7 @@ class StepBuffer:
             for b, block in enumerate(self.blocks):
                 devices.setdefault(block.device, []).append(b)
             flat = {}
-            for dev, idx in devices.items():
+            for idx in devices.values():
                 joined = torch.cat([self.blocks[b] for b in idx]).tolist() if len(idx) > 1 else \
                     self.blocks[idx[0]].tolist()
                 pos = 0
