@@ -1,10 +1,12 @@
-"""The writer owns every dump file; one background thread does the file I/O.
+"""The writer owns every dump file, in the training process (no helper process).
 
 The training thread collects entries and, at flush points (every ``_FLUSH_ENTRIES``
 entries, after ``_FLUSH_SECONDS``, at ``stop()``/``step()``), encodes them with orjson
-(``encode``) and hands the bytes to the writer thread, with tensor files in the same FIFO,
-so a flushed entry's file is already on disk. The queue is bounded in bytes: when the disk
-falls behind, the training thread waits rather than memory growing. No helper process.
+(``encode``). Task ``statistics``: it writes them itself, and the meta files (a hand-over
+to a thread would cost a GIL round trip per flush, more than the writes). With tensor
+files: one writer thread writes the files and the entries' bytes in one FIFO, so a flushed
+entry's file is already on disk; the queue is bounded in bytes, so when the disk falls
+behind the training thread waits rather than memory growing.
 
 dump.json grows by appending: each flush writes over the closing braces the new entries
 and the braces again, so the file is valid JSON after every flush and total I/O stays
@@ -17,9 +19,9 @@ Failure semantics (a full disk, an unwritable folder):
   place) and nothing more is appended to that step's files;
 * stack.json and construct.json are rewritten in place, and written back as they were
   when that fails (a temp file and a rename per step cost ~1 ms on a busy disk);
-* a step's folder is made when the step starts (``open_dir``, by the writer thread while
-  the step trains), never ahead of it: no folder exists for a step that did not run; a
-  folder whose dump.json cannot even be created is removed again.
+* a step's folder is made once the step runs (at its first write without tensor files;
+  by the writer thread after ``open_dir`` with them), never ahead of it: no folder exists
+  for a step that did not run; a folder whose files cannot even be created is removed.
 """
 import io
 import logging
