@@ -10,29 +10,9 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
-# rtol: a few roundings of the dtype (spacing at 1.0: bf16 2^-7, fp16 2^-10, fp32 2^-23),
-# widened for fp32 because reductions in a different order differ by sqrt(K) roundings.
-# floor: below this |bench| relative error is meaningless.
-# cosine: below cos_warn -> warning, below cos_err -> error.
+from probe.tolerances import TOLERANCES, Tolerance  # noqa: F401  (the one table; re-exported)
 
-
-@dataclass(frozen=True)
-class Tolerance:
-    name: str
-    rtol: float
-    floor: float
-    cos_warn: float
-    cos_err: float
-
-
-TOLERANCES = {
-    "bfloat16": Tolerance("bfloat16", 1.6e-2, 1e-3, 0.999, 0.99),
-    "float16": Tolerance("float16", 2e-3, 1e-3, 0.9999, 0.999),
-    "float32": Tolerance("float32", 1e-4, 1e-6, 0.99999, 0.9999),
-    "float64": Tolerance("float64", 1e-9, 1e-12, 0.9999999, 0.99999),
-}
 ERROR_FACTOR = 10.0     # beyond 10x the tolerance is an error, between 1x and 10x a warning
 # Tensors: a few isolated elements far off are normal where an op is discontinuous (relu's
 # gradient at 0, argmax, masks) and its input moved by one rounding; an error needs more
