@@ -134,20 +134,27 @@ def _check_list_filters(source, items):
     return items
 
 
+def read_json_config(config_path) -> dict:
+    """The JSON object in ``config_path``; a one-line ConfigError naming the file otherwise
+    (the dump's config and the monitor's section are read alike)."""
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config_path: file not found: {config_path}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{config_path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{config_path}: expected a JSON object")
+    return raw
+
+
 def load_config(config_path=None, **overrides):
     """Build a DumpConfig from a config.json and keyword overrides (which win)."""
     source = config_path or "<arguments>"
     raw = {}
     if config_path is not None:
-        try:
-            with open(config_path, encoding="utf-8") as f:
-                raw = json.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"config_path: file not found: {config_path}") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{config_path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{config_path}: expected a JSON object")
+        raw = read_json_config(config_path)
     top = {k: v for k, v in raw.items() if k not in TASKS + OTHER_TASK_SECTIONS}
     for key in top:
         if key not in TOP_KEYS:

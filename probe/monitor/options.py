@@ -4,11 +4,11 @@ Every value is checked here, at ``Monitor(...)``, and a bad one is refused with 
 naming the key and what is allowed: nothing fails later inside a training step.
 Keyword arguments win over the file.
 """
-import json
 import os
 import re
 from dataclasses import dataclass, field
 
+from probe.config import read_json_config
 from probe.errors import ConfigError
 
 FORMATS = ("csv", "alerts", "tensorboard")
@@ -103,14 +103,8 @@ def _strings(source, key, value, allowed=None):
 
 
 def _read_section(config_path):
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config_path: file not found: {config_path}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{config_path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("monitor"), dict):
+    raw = read_json_config(config_path)
+    if not isinstance(raw.get("monitor"), dict):
         raise ConfigError(f"{config_path}: monitor: expected a \"monitor\": {{...}} section (a JSON object)")
     return raw["monitor"]
 
