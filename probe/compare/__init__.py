@@ -10,6 +10,7 @@ run summary + run_report (workbook). check_ranks: one run's collectives across r
 """
 from .api import compare, compare_distributed
 from .check_ranks import check_ranks
+from .frame import read_results
 from .run import compare_run
 
-__all__ = ["compare", "compare_distributed", "compare_run", "check_ranks"]
+__all__ = ["compare", "compare_distributed", "compare_run", "check_ranks", "read_results"]

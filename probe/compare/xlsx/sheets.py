@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import io
+import queue
+import threading
 import zipfile
 from dataclasses import dataclass, field
 
@@ -119,6 +121,36 @@ def _header_cell(ref: str, text) -> str:
     return f'<c r="{ref}" s="{_XF_HEADER}" t="inlineStr"><is><t xml:space="preserve">{esc(str(text))}</t></is></c>'
 
 
+class _FileThread:
+    """Writes to ``fh`` from a second thread: deflate and the file write release the GIL,
+    so compressing one chunk overlaps encoding the next (~6 s of zlib on the 100k-entry
+    pair's 300k rows). The compare's one concurrency beside its process: a writer thread."""
+
+    def __init__(self, fh):
+        self.queue, self.error = queue.Queue(maxsize=3), None
+        self.thread = threading.Thread(target=self._run, args=(fh,), name="probe-xlsx-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self, fh):
+        while (data := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    fh.write(data)
+                except BaseException as exc:     # re-raised in the encoding thread
+                    self.error = exc
+
+    def write(self, data: bytes):
+        if self.error is not None:
+            raise self.error
+        self.queue.put(data)
+
+    def close(self):
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrings | None = None,
                  progress=None) -> None:
     ncol = len(sheet.header)
@@ -146,6 +178,7 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
         prefixes, shared = _prefixes(sheet), _shared_tables(sheet, sst)
         with_csv = sheet.csv_path is not None
         csv_fh = open(sheet.csv_path, "wb") if with_csv else None
+        out = _FileThread(fh) if n > CHUNK_ROWS else fh
         try:
             if csv_fh:
                 head = io.StringIO(newline="")
@@ -157,12 +190,14 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
                                         sheet.row_styles[lo:hi] if sheet.row_styles else None, lo,
                                         prefixes, shared, with_csv,
                                         sheet.row_heights[lo:hi] if sheet.row_heights else None)
-                fh.write(xml)
+                out.write(xml)
                 if csv_fh:
                     csv_fh.write(text)
                 if progress is not None:
                     progress(hi - lo)
         finally:
+            if out is not fh:
+                out.close()
             if csv_fh:
                 csv_fh.close()
         tail = ["</sheetData>"]
