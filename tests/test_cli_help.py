@@ -48,3 +48,19 @@ def test_shared_device_option_checks_its_value():
     proc = subprocess.run([sys.executable, "-m", "probe", "replay", "somewhere", "--device", "gpu"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "cpu, cuda[:N] or npu[:N]" in proc.stderr
+
+
+def test_a_statistics_compare_imports_no_torch(tmp_path):
+    """Comparing statistics dumps (diagnosis included) needs no torch: a compare machine
+    without it, and no ~2 s import before the first row."""
+    import glob
+    import subprocess
+    import sys
+    dump = glob.glob(os.path.join(os.path.dirname(__file__), "fixtures", "msprobe",
+                                  "v26_mix_statistics_fp32", "step0", "*", "dump.json"))[0]
+    code = ("import sys; from probe.compare import compare; "
+            f"compare({{'npu_json_path': {dump!r}, 'bench_json_path': {dump!r}, 'is_print_compare_log': False}}, "
+            f"{str(tmp_path)!r}); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"

@@ -8,9 +8,19 @@ A whole run (two dump trees): run -> executor (local processes or Dask) -> pair_
 pair per worker: compare, report, parquet) -> causality (collectives order the ranks) ->
 run summary + run_report (workbook). check_ranks: one run's collectives across ranks.
 """
-from .api import compare, compare_distributed
-from .check_ranks import check_ranks
-from .frame import read_results
-from .run import compare_run
+import importlib
 
-__all__ = ["compare", "compare_distributed", "compare_run", "check_ranks", "read_results"]
+# public name -> module that defines it; imported on first use, so that ``probe compare
+# --help`` (which imports this package) stays free of numpy and torch
+_EXPORTS = {"compare": ".api", "compare_distributed": ".api", "compare_run": ".run",
+            "check_ranks": ".check_ranks", "read_results": ".frame"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'probe.compare' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

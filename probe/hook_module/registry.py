@@ -20,20 +20,10 @@ import yaml
 
 from probe.errors import ConfigError
 from probe.hook_module.operators import OperatorNames
+from probe.hook_module.sections import SECTION_PREFIX  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 DEFAULT_YAML = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support_wrap_ops.yaml")
-
-# section -> entry-name prefix, as msprobe names them
-SECTION_PREFIX = {
-    "functional": "Functional",
-    "tensor": "Tensor",
-    "torch": "Torch",
-    "torch_npu": "NPU",
-    "distributed": "Distributed",
-    "_VF": "VF",
-    "aten": "Aten",
-}
 
 # When one function object is listed in several sections (F.conv2d is torch.conv2d),
 # the first section here names it: modules call the functional form.

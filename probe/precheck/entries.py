@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from probe.hook_module.registry import SECTION_PREFIX, lookup, section_owner
+from probe.hook_module.sections import SECTION_PREFIX
 
 _PREFIX_SECTION = {prefix: section for section, prefix in SECTION_PREFIX.items()}
 _NAME_RE = re.compile(r"^(?P<prefix>[A-Za-z]+)\.(?P<api>.+)\.(?P<n>\d+)\.(?P<phase>forward|backward)$")
@@ -129,6 +129,7 @@ def resolve_api(entry: EntryName):
     key = entry.qualified
     if key in _cache:
         return _cache[key]
+    from probe.hook_module.registry import lookup, section_owner  # imports torch
     section = _PREFIX_SECTION[entry.prefix]
     owner = section_owner(section)
     if owner is None:
