@@ -1,6 +1,6 @@
 """Monitor overhead: training-step time with the monitor off and on.
 
-    python bench/monitor.py [--quick] [--tensorboard]
+    python bench/monitor.py [--quick] [--tensorboard] [--floor]
 
 For the GPT-2 block and the 4-block d=256 model of bench/overhead.py (trained with AdamW),
 prints the median step time off and on and their ratio for: weights + gradients +
@@ -79,8 +79,62 @@ def time_monitor(model_name, options, blocks, block=21):
         shutil.rmtree(out_root, ignore_errors=True)
 
 
+def time_floor(model_name, blocks, block=21, activations=False):
+    """The least any monitor of weights, gradients (before and after the reduction) and
+    Adam's state must pay per step: one ``torch._foreach_norm`` over each of those five
+    tensor lists and one host transfer of all the norms, nothing else (no names, hooks,
+    files). With ``activations``: also the norm, max|x| and mean of every Linear's output
+    (forward hooks). Same timing as ``time_monitor``."""
+    torch.set_num_threads(1)
+    model, opt, x, y = make(model_name)
+    params = [p for p in model.parameters() if p.requires_grad]
+    handles = []
+
+    def extra_work():
+        grads = [p.grad for p in params]
+        state = [opt.state[p] for p in params]
+        norms = [torch._foreach_norm(params), torch._foreach_norm(grads), torch._foreach_norm(grads),
+                 torch._foreach_norm([st["exp_avg"] for st in state]),
+                 torch._foreach_norm([st["exp_avg_sq"] for st in state])]
+        acts = [t for h in handles for t in h.seen]
+        torch.stack([n for ns in norms for n in ns] + acts).tolist()
+        for h in handles:
+            h.seen.clear()
+
+    class Act:
+        def __init__(self):
+            self.seen = []
+
+        def __call__(self, module, inputs, out):
+            o = out.detach()
+            self.seen.extend((torch.linalg.vector_norm(o), o.abs().amax(), o.mean()))
+
+    times = ([], [])
+    for b in range(2 * blocks):
+        on = b % 2
+        if on and activations:
+            for m in model.modules():
+                if isinstance(m, torch.nn.Linear):
+                    h = Act()
+                    h.handle = m.register_forward_hook(h)
+                    handles.append(h)
+        for k in range(block):
+            t0 = time.perf_counter()
+            train_step(model, opt, x, y)
+            if on:
+                extra_work()
+            if k:
+                times[on].append(time.perf_counter() - t0)
+        for h in handles:
+            h.handle.remove()
+        handles.clear()
+    off, on = (t[block - 1:] for t in times)
+    return statistics.median(off), statistics.median(on)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--floor", action="store_true", help="time only the least work any such monitor does")
     ap.add_argument("--quick", action="store_true", help="fewer blocks")
     ap.add_argument("--tensorboard", action="store_true", help="also time the TensorBoard output")
     ap.add_argument("--blocks", type=int, default=None, help="blocks per side (default 6, --quick 3)")
@@ -93,6 +147,14 @@ def main():
                         dict(activations=True, formats=["csv", "alerts", "tensorboard"]), None))
     if args.only:
         configs = [c for c in configs if args.only in c[0]]
+    if args.floor:
+        print(f"{'model':<24}{'floor':<42}{'off ms':>9}{'on ms':>9}{'ratio':>7}")
+        for model_name in ("gpt2 block d256 b4x64", "mid d256 4blk b64"):
+            for acts in (False, True):
+                off, on = time_floor(model_name, blocks, activations=acts)
+                label = "5 foreach norms + 1 transfer" + (" + Linear outputs" if acts else "")
+                print(f"{model_name:<24}{label:<42}{off * 1e3:>9.2f}{on * 1e3:>9.2f}{on / off:>7.3f}", flush=True)
+        return
     print(f"{'model':<24}{'monitor':<42}{'off ms':>9}{'on ms':>9}{'ratio':>7}{'target':>8}{'mean ratio':>11}")
     for model_name in ("gpt2 block d256 b4x64", "mid d256 4blk b64"):
         for label, options, target in configs:

@@ -171,33 +171,46 @@ def _f(x):
     return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-def _stat_error(a, b, floor: float) -> float | None:
-    """Worst statistic's difference relative to the tensor's own magnitude: Max, Min and
-    Mean against max(|Max|, |Min|, RMS, floor), Norm against max(Norm, floor). Relative,
-    so a call that only scales its input (a division by a constant, an optimizer's bias
-    correction) does not look as if it made error; the dtype's floor keeps a tensor that
-    is zero but for cancellation (a bias gradient before a BatchNorm) from counting its
-    rounding noise as a relative error of 100%."""
-    (nx, nn, nm, nl), (bx, bn, bm, bl) = a.stats, b.stats
-    vals = (nx, nn, nm, nl, bx, bn, bm, bl)
-    if any(v is None or math.isnan(v) for v in vals):
-        return None
-    if not all(math.isfinite(v) for v in vals):
-        return 0.0 if (nx, nn, nm, nl) == (bx, bn, bm, bl) else math.inf
-    numel = b.numel or 1
-    scale = max(abs(bx), abs(bn), abs(bl) / math.sqrt(numel), floor)
-    if scale == 0.0:
-        return 0.0 if (nx, nn, nm, nl) == (bx, bn, bm, bl) else math.inf
-    worst = max(abs(nx - bx), abs(nn - bn), abs(nm - bm)) / scale
-    return max(worst, abs(nl - bl) / max(abs(bl), floor))
+def stat_errors(npu, bench, numel, floor):
+    """Per row, the worst statistic's difference relative to the tensor's own magnitude
+    (arrays: k x 4 statistics Max, Min, Mean, Norm of each side; k elements; k floors).
+
+    Max, Min and Mean against max(|Max|, |Min|, RMS, floor), Norm against max(Norm,
+    floor). Relative, so a call that only scales its input (a division by a constant, an
+    optimizer's bias correction) does not look as if it made error; the floor keeps a
+    tensor that is zero but for cancellation from counting its rounding noise as a
+    relative error of 100%. NaN where a statistic is missing; non-finite statistics give
+    0 when both sides hold the same, else infinity."""
+    import numpy as np
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        rms = np.abs(bench[:, 3]) / np.sqrt(np.maximum(numel, 1))
+        scale = np.maximum.reduce([np.abs(bench[:, 0]), np.abs(bench[:, 1]), rms, floor])
+        worst = np.abs(npu[:, :3] - bench[:, :3]).max(axis=1) / scale
+        out = np.maximum(worst, np.abs(npu[:, 3] - bench[:, 3]) / np.maximum(np.abs(bench[:, 3]), floor))
+        same = (npu == bench).all(axis=1)
+        out[scale == 0] = np.where(same[scale == 0], 0.0, np.inf)
+        odd = ~(np.isfinite(npu).all(axis=1) & np.isfinite(bench).all(axis=1))
+        out[odd] = np.where(same[odd], 0.0, np.inf)
+        out[np.isnan(npu).any(axis=1) | np.isnan(bench).any(axis=1)] = np.nan
+    return out
+
+
+def _stats_arrays(rows_a, rows_b):
+    import numpy as np
+    a = np.array([r.stats for r in rows_a], dtype=np.float64).reshape(-1, 4)
+    b = np.array([r.stats for r in rows_b], dtype=np.float64).reshape(-1, 4)
+    numel = np.array([r.numel for r in rows_b], dtype=np.float64)
+    return a, b, numel
 
 
 def row_errors(result) -> list:
     """Per row: relative error on one scale (None where nothing was compared)."""
+    import numpy as np
     cols, mode = result.columns, result.mode
     n = result.n_rows
     out: list = [None] * n
     tol_dtype, verdicts = cols["Tolerance Dtype"], cols["Result"]
+    by_stats = []                       # rows measured from their statistics, at once below
     for i, p in enumerate(result.pairs):
         a, b = p.npu, p.bench
         if a is None or b is None or a.kind != "tensor" or b.kind != "tensor":
@@ -214,13 +227,22 @@ def row_errors(result) -> list:
             if mode == "md5" and cols["NPU MD5"][i] is not None and cols["NPU MD5"][i] == cols["BENCH MD5"][i]:
                 out[i] = 0.0
                 continue
-            tol = vd.TOLERANCES.get(tol_dtype[i]) or vd.TOLERANCES["float32"]
-            e = _stat_error(a, b, tol.floor) if a.shape == b.shape else None
-            if e is not None:
-                out[i] = e
+            if a.shape == b.shape:
+                by_stats.append(i)
                 continue
         if verdicts[i] == "error":          # shape / dtype / NaN placement: nothing to measure
             out[i] = math.inf
+    if by_stats:
+        pairs = result.pairs
+        a, b, numel = _stats_arrays([pairs[i].npu for i in by_stats], [pairs[i].bench for i in by_stats])
+        floors = {}
+        floor = np.array([floors.get(t) or floors.setdefault(
+            t, (vd.TOLERANCES.get(t) or vd.TOLERANCES["float32"]).floor) for t in (tol_dtype[i] for i in by_stats)])
+        for i, e in zip(by_stats, stat_errors(a, b, numel, floor).tolist()):
+            if not math.isnan(e):
+                out[i] = e
+            elif verdicts[i] == "error":
+                out[i] = math.inf
     return out
 
 
@@ -232,24 +254,33 @@ def _cancellation_floors(result, calls, errors):
     which relative to its own tiny magnitude looks like a 100% error. Judged against the
     magnitude the sum would have without cancellation, sqrt(N) x RMS of the largest input
     (N = its elements per output element), that noise is the dtype's rounding again."""
+    import numpy as np
     pairs, tol_dtype = result.pairs, result.columns["Tolerance Dtype"]
+    rows, floors = [], []
     for u in calls:
-        ins = [pairs[i].bench for i in u.rows if pairs[i].bench is not None and pairs[i].npu is not None
-               and pairs[i].bench.io in ("input", "parameters") and pairs[i].bench.kind == "tensor"]
-        big = max(ins, key=lambda r: r.stats[3] if math.isfinite(r.stats[3]) else -1.0, default=None)
-        if big is None or not big.numel or not math.isfinite(big.stats[3]):
+        big_norm, big = -1.0, None
+        for i in u.rows:
+            b = pairs[i].bench
+            if b is not None and pairs[i].npu is not None and b.kind == "tensor" \
+                    and (b.io == "input" or b.io == "parameters") and b.stats[3] > big_norm:
+                big_norm, big = b.stats[3], b
+        if big is None or not big.numel or not math.isfinite(big_norm):
             continue
-        rms = big.stats[3] / math.sqrt(big.numel)
+        rms = big_norm / math.sqrt(big.numel)
         for i in u.rows:
             a, b = pairs[i].npu, pairs[i].bench
             if a is None or b is None or a.io != "output" or errors[i] is None or b.kind != "tensor" \
                     or a.shape != b.shape or not b.numel:
                 continue
             tol = vd.TOLERANCES.get(tol_dtype[i]) or vd.TOLERANCES["float32"]
-            floor = max(tol.floor, rms * math.sqrt(max(big.numel / b.numel, 1.0)))
-            e = _stat_error(a, b, floor)
-            if e is not None:
-                errors[i] = min(errors[i], e)
+            rows.append(i)
+            floors.append(max(tol.floor, rms * math.sqrt(max(big.numel / b.numel, 1.0))))
+    if not rows:
+        return
+    a, b, numel = _stats_arrays([pairs[i].npu for i in rows], [pairs[i].bench for i in rows])
+    for i, e in zip(rows, stat_errors(a, b, numel, np.array(floors)).tolist()):
+        if not math.isnan(e) and e < errors[i]:
+            errors[i] = e
 
 
 def _units(result, errors):
