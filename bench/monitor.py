@@ -27,7 +27,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from overhead import MODELS, train_step  # noqa: E402
+import overhead  # noqa: E402
+from overhead import train_step  # noqa: E402
 
 from probe import Monitor  # noqa: E402
 
@@ -40,13 +41,8 @@ CONFIGS = [
 
 
 def make(model_name, seed=1234):
-    torch.manual_seed(seed)
-    build, shape = MODELS[model_name]
-    model = build()
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(*shape, generator=g)
-    y = torch.randint(0, 10, (shape[0],), generator=g)
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), x, y
+    """bench/overhead.py's model, trained with AdamW (what the monitor's optimizer state needs)."""
+    return overhead.make(model_name, seed, optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3))
 
 
 def time_monitor(model_name, options, blocks, block=21):

@@ -82,14 +82,17 @@ MODELS = {
 }
 
 
-def make(name, seed=1234):
+def make(name, seed=1234, optimizer=None):
+    """(model, optimizer, inputs, targets) of ``name``; ``optimizer(params)`` makes the
+    optimizer (default: SGD, lr 0.01, as the fixtures' script)."""
     torch.manual_seed(seed)
     build, shape = MODELS[name]
     model = build()
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(*shape, generator=g)
     y = torch.randint(0, 10, (shape[0],), generator=g)
-    return model, torch.optim.SGD(model.parameters(), lr=0.01), x, y
+    opt = optimizer(model.parameters()) if optimizer else torch.optim.SGD(model.parameters(), lr=0.01)
+    return model, opt, x, y
 
 
 def train_step(model, opt, x, y):
