@@ -89,7 +89,7 @@ class EntryBuilder:
         self.save_tensors = config.task == "tensor" if save_tensors is None else save_tensors
         # file_format "pt": torch.save'd CPU tensors (dtype kept, bf16 too), as msprobe writes
         pt = getattr(config, "file_format", "npy") == "pt"
-        self.ext, self.host_copy = (".pt", stats.cpu_tensor) if pt else (".npy", stats.host_copy)
+        self.ext, self.host_copy = (".pt", stats.torch_copy) if pt else (".npy", stats.host_copy)
         self.stacks = StackTable()
         self.cache = stats.SummaryCache()
         if config.async_dump:

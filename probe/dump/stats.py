@@ -135,10 +135,11 @@ def fetch(pending):
     return out
 
 
-def cpu_tensor(t):
-    """A CPU copy of ``t`` for ``torch.save`` (file_format "pt"): its own storage, since a
-    saved view would carry its whole base."""
-    return t.detach().to("cpu", copy=True).resolve_conj().resolve_neg().contiguous()
+def torch_copy(t):
+    """A detached CPU torch copy with its own storage, keeping dtype (bf16 too) and, for a
+    dense tensor, its strides: what ``torch.save`` writes for file_format "pt" (a saved view
+    would carry its whole base) and what the toolbox's captures replay."""
+    return t.detach().to("cpu", copy=True)
 
 
 def host_copy(t):

@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from probe.dump.stats import torch_copy
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import guard
 from probe.toolbox import base
@@ -22,9 +23,7 @@ from probe.toolbox import base
 _SPECIAL = (torch.memory_format, torch.layout)
 
 
-def host_copy(t):
-    """A detached CPU copy that keeps dtype and (for dense tensors) strides."""
-    return t.detach().to("cpu", copy=True)
+host_copy = torch_copy   # a detached CPU copy that keeps dtype and (dense tensors) strides
 
 
 def encode(value, tensors, metas, memo=None):
