@@ -12,17 +12,17 @@ from models import make_gpt, train_step  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 
-def _train(make_debugger=None, steps=3):
+def _train(make_debugger=None, steps=3, level="L1", give=None):
     dynamo.reset()
     counters.clear()
     model, x, y = make_gpt()
     compiled = torch.compile(model, backend="aot_eager")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    dbg = make_debugger(task="statistics", level="L1") if make_debugger else None
+    dbg = make_debugger(task="statistics", level=level) if make_debugger else None
     losses = []
     for _ in range(steps):
         if dbg:
-            dbg.start()
+            dbg.start({"original": model, "compiled": compiled}.get(give))
         losses.append(train_step(compiled, opt, x, y).detach())
         if dbg:
             dbg.stop()
@@ -50,3 +50,25 @@ def test_compiled_model_under_debugger(make_debugger, dump_dir, caplog):
         # inside the compiled graph: not seen
         assert not any(k.startswith(("Functional.layer_norm.", "Functional.scaled_dot_product_attention."))
                        for k in data), sorted(data)
+
+
+@pytest.mark.parametrize("give", ["compiled", "original"])
+def test_compiled_model_at_mix_level_does_not_recompile_each_step(make_debugger, dump_dir, caplog, give):
+    """L0/mix hook modules; hooks added and removed each step would change the guards dynamo
+    keeps on them (a recompile per dumped step, warnings past the limit of 8). A model that
+    runs compiled is left unhooked: at most one more compile, whichever model start() got."""
+    steps = 10
+    plain_losses, plain_params, plain_frames = _train(steps=steps)
+    with caplog.at_level(logging.WARNING):
+        losses, params, frames = _train(make_debugger, steps=steps, level="mix", give=give)
+    extra = frames[0]["total"] - plain_frames[0]["total"]
+    assert extra <= (0 if give == "compiled" else 1), (frames, plain_frames)
+    assert all(torch.equal(a, b) for a, b in zip(plain_losses, losses))
+    assert all(torch.equal(a, b) for a, b in zip(plain_params, params))
+    dynamo_noise = [r.getMessage() for r in caplog.records if r.name.startswith("torch")]
+    assert not dynamo_noise, dynamo_noise[:2]
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("probe")]
+    assert len(said) == 1 and "torch.compile" in said[0], said
+    data = load_dump(dump_dir, step=steps - 1)
+    assert "Functional.cross_entropy.0.forward" in data          # eager APIs still dumped
+    assert not any(k.startswith("Module.blocks.") for k in data), sorted(data)[:5]

@@ -15,6 +15,7 @@ parent module in O(1). A hook failure is logged once per module; the module's re
 never changed (the hooks return None).
 """
 import dataclasses
+import logging
 
 import torch
 
@@ -23,9 +24,24 @@ from probe.dump.records import ForwardEntry
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import state
 from probe.hook_module.own_work import no_function_mode
+from probe.log_once import LogOnce
 
 # Dynamo traces module hooks inside a compiled model: they return at once there.
 _is_compiling = torch.compiler.is_compiling
+_said = LogOnce(logging.getLogger(__name__))
+
+
+def runs_compiled(model) -> bool:
+    """Whether ``model`` is a ``torch.compile`` wrapper, or dynamo already holds compiled
+    code for its forward (``torch.compile(model)`` called with the original passed to
+    ``start``: known from the second step on)."""
+    try:
+        from torch._dynamo import eval_frame
+        if isinstance(model, eval_frame.OptimizedModule) or getattr(model, "_compiled_call_impl", None):
+            return True
+        return bool(eval_frame._debug_get_cache_entry_list(type(model).forward.__code__))
+    except Exception:       # another torch: dynamo's internals moved; hook as before
+        return False
 
 # A module spans many autograd nodes; grad_capture's per-API walk limit is too small.
 _MODULE_MAX_NODES = 1 << 16
@@ -134,6 +150,14 @@ class ModuleDumper:
         owners = {}   # parameter -> [(module name, parameter name, module's parameter count)]
         for i, model in enumerate(models):
             prefix = f"{i}." if len(models) > 1 else ""
+            if runs_compiled(model):
+                # Inside a compiled graph the hooks would run as no-ops (dynamo traces them
+                # stepping aside) and, added and removed each step, change the guards dynamo
+                # keeps on the modules' hooks: a recompile per dumped step.
+                _said.warning(id(model), "probe: the model runs under torch.compile: L0/mix record "
+                                "nothing inside its compiled graph (its hooks would only make dynamo "
+                                "recompile each step); the APIs that run eagerly are dumped")
+                continue
             for path, module in model.named_modules():
                 if not path:
                     continue  # the root is not dumped (msprobe's names)
