@@ -81,9 +81,9 @@ def _rows(path):
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built")
 def test_two_gloo_ranks_write_per_rank_files_and_pre_post_reduction_norms(tmp_path):
-    # fork: the children start in ~0 s with torch already imported (spawn re-imports it: ~10 s
-    # on a loaded 2-core machine); they use one intra-op thread, so no OpenMP pool is forked
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True, start_method="fork")
+    # spawn, not fork: a fork of the test process inherits the locks of whatever threads
+    # earlier tests left (dynamo's, writers') and a child can hang on one (seen in CI)
+    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     refs = []
     for rank in range(WORLD):
         with open(tmp_path / f"reference_rank{rank}.json") as f:
