@@ -137,7 +137,7 @@ class Replays:
 
     def _local_error(self, entry: str) -> LocalError | None:
         from probe.precheck.entries import parse_name, resolve_api
-        from probe.precheck.inputs import Unrebuildable, flat_outputs, flat_tensors, is_tensor_desc
+        from probe.precheck.inputs import Unrebuildable, flat_outputs, flat_tensors, is_tensor_desc, torch_dtype
         api = parse_name(entry)
         if api is None or api.random:
             return None
@@ -150,9 +150,9 @@ class Replays:
             args = self.loader.build(fwd.get("input_args", []), api.base + ".forward")
             kwargs = self.loader.build(fwd.get("input_kwargs", {}), api.base + ".forward")
             out_descs = flat_outputs(fwd.get("output") or [])
-            out_dtypes = [_dtype(d) if is_tensor_desc(d) else None for d in out_descs]
+            out_dtypes = [torch_dtype(d["dtype"]) if is_tensor_desc(d) else None for d in out_descs]
             if api.phase == "forward":
-                dumped = [self._file(d) for d in out_descs]
+                dumped = [self.loader.dumped(d) for d in out_descs]
             else:
                 bwd = self.entries.get(entry)
                 if not isinstance(bwd, dict) or "input" not in bwd or "output" not in bwd:
@@ -162,7 +162,7 @@ class Replays:
                 slots = flat_tensors(args, kwargs)
                 if len(grads) != len(slots):        # msprobe's autograd-edge order: no slots
                     return None
-                dumped = [self._file(d) for d in grads]
+                dumped = [self.loader.dumped(d) for d in grads]
         except (Unrebuildable, LookupError, TypeError, ValueError):
             return None
         if self.loader.synthetic or not isinstance(kwargs, dict):
@@ -190,18 +190,6 @@ class Replays:
                 worst = le
         return worst
 
-    def _file(self, d):
-        """A dumped tensor from its file; None for non-tensors and tensors without a file."""
-        from probe.precheck.inputs import is_tensor_desc
-        if not is_tensor_desc(d) or not d.get("data_name"):
-            return None
-        saved = self.loader.synthetic
-        t = self.loader.tensor(d)
-        if self.loader.synthetic and not saved:
-            self.loader.synthetic = False
-            return None
-        return t
-
 
 def _returning_self(func):
     """An in-place API whose result is its first argument (``torch._foreach_add_`` returns
@@ -210,8 +198,3 @@ def _returning_self(func):
         out = func(*args, **kwargs)
         return args[0] if out is None and args else out
     return call
-
-
-def _dtype(d):
-    from probe.precheck.inputs import torch_dtype
-    return torch_dtype(d["dtype"])

@@ -17,6 +17,7 @@ from probe.dump.entry_builder import EntryBuilder
 from probe.dump.records import ForwardEntry
 from probe.hook_module import grad_capture
 from probe.hook_module.own_work import no_function_mode
+from probe.hook_module.sections import in_place
 
 
 class CallFilter:
@@ -97,18 +98,12 @@ class _Call:
         self.target = None   # an in-place API's first argument: what it writes
 
 
-_INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__",
-                              "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__",
-                              "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"})
-
-
 class _InPlace(dict):
     """``in_place[name]``: does API ``name`` (``Tensor.add_``, ``Torch._foreach_mul_``,
     ``Tensor.__iadd__``) write its first argument; decided once per name."""
 
     def __missing__(self, name):
-        leaf = name.rsplit(".", 1)[-1]
-        value = self[name] = leaf in _INPLACE_DUNDERS or (leaf.endswith("_") and not leaf.endswith("__"))
+        value = self[name] = in_place(name.rsplit(".", 1)[-1])
         return value
 
 
@@ -147,7 +142,7 @@ class ApiCollector:
             return func(*args, **kwargs)
         try:
             with no_function_mode():
-                call = self._before(base, func, args, kwargs)
+                call = self._before(name, base, func, args, kwargs)
         except Exception as exc:
             self.entries.fail(name, exc)
             call = None
@@ -166,7 +161,7 @@ class ApiCollector:
             self.entries.fail(name, exc)
 
     # ---- forward ------------------------------------------------------------
-    def _before(self, base, func, args, kwargs):
+    def _before(self, name, base, func, args, kwargs):
         if type(func) is types.FunctionType:
             args, kwargs = as_called(func, args, kwargs)
         fwd = base + ".forward"
@@ -174,7 +169,7 @@ class ApiCollector:
         call = _Call(base, entries.summaries(), ForwardEntry(),
                      None if self.construct is None else self.construct.current)
         flt = self.filter
-        if args and _in_place[base.rsplit(".", 1)[0]]:
+        if args and _in_place[name]:
             call.target = args[0]
         if flt.forward:
             if flt.inputs:
@@ -192,8 +187,9 @@ class ApiCollector:
         shown = out
         if call.target is not None:
             self.entries.cache.forget(call.target)
-            if out is None:       # torch._fused_adamw_ and co. return nothing: what they wrote is the result
-                shown = call.target
+            if out is None and not base.rsplit(".", 1)[0].endswith("__"):
+                shown = call.target   # torch._fused_adamw_ and co. return nothing: what they wrote
+                # is the result (``x[i] = v`` keeps msprobe's null output)
         if flt.forward and flt.outputs:
             self.entries.outputs(call.entry, base + ".forward", shown, call.summaries)
         call.summaries.resolve()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from probe.hook_module.sections import SECTION_PREFIX
+from probe.hook_module.sections import SECTION_PREFIX, in_place
 
 _PREFIX_SECTION = {prefix: section for section, prefix in SECTION_PREFIX.items()}
 _NAME_RE = re.compile(r"^(?P<prefix>[A-Za-z]+)\.(?P<api>.+)\.(?P<n>\d+)\.(?P<phase>forward|backward)$")
@@ -50,11 +50,6 @@ EXACT_BACKWARD = frozenset({
     "unbind", "cat", "concat", "concatenate", "stack", "hstack", "vstack", "squeeze",
     "unsqueeze", "flatten", "unflatten", "narrow", "select", "flip", "roll", "movedim",
     "swapaxes", "relu", "relu_", "abs", "neg", "__neg__", "masked_fill", "where", "tril", "triu"})
-# Non-obvious in-place dunders (``a += b``).
-_INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__",
-                              "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__",
-                              "__ixor__", "__ilshift__", "__irshift__", "__imatmul__",
-                              "__setitem__"})
 # Elementwise math judged additionally by ULP error (msprobe's ULP standard covers this kind).
 ULP_APIS = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan",
                       "asin", "acos", "atan", "sinh", "cosh", "tanh", "sigmoid", "sqrt", "rsqrt",
@@ -85,8 +80,7 @@ class EntryName:
 
     @property
     def inplace(self) -> bool:
-        leaf = self.leaf
-        return leaf in _INPLACE_DUNDERS or (leaf.endswith("_") and not leaf.endswith("__"))
+        return in_place(self.leaf)
 
     @property
     def conversion(self) -> bool:

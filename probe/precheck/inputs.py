@@ -106,6 +106,18 @@ class Loader:
                 return t
         return self._synthesise(d, dtype)
 
+    def dumped(self, d):
+        """A dumped tensor from its file; None for non-tensors and tensors without a file
+        (statistics only: nothing real to compare with)."""
+        if not is_tensor_desc(d) or not d.get("data_name"):
+            return None
+        saved = self.synthetic
+        t = self.tensor(d)
+        if self.synthetic and not saved:   # no file after all: not a dumped value
+            self.synthetic = False
+            return None
+        return t
+
     def _synthesise(self, d, dtype) -> torch.Tensor:
         """A tensor with the recorded shape, dtype and range (Min..Max), seeded by entry name."""
         shape = d.get("shape")

@@ -152,7 +152,7 @@ class Checker:
             descs = flat_outputs(entry.get("output") or [])
             devs, out_dtypes = [], []
             for d in descs:
-                devs.append(self._dumped(d))
+                devs.append(self.loader.dumped(d))
                 out_dtypes.append(torch_dtype(d["dtype"]) if is_tensor_desc(d) else None)
         except Unrebuildable as exc:
             return SKIP, f"cannot rebuild the call: {exc}", []
@@ -186,17 +186,6 @@ class Checker:
             return SKIP, "the API returned nothing to compare", []
         return _rollup(rows)
 
-    def _dumped(self, d):
-        """A dumped output tensor from its file; None when only statistics were dumped."""
-        if not is_tensor_desc(d) or not d.get("data_name"):
-            return None
-        saved = self.loader.synthetic
-        t = self.loader.tensor(d)
-        if self.loader.synthetic and not saved:   # no file: not a dumped value after all
-            self.loader.synthetic = False
-            return None
-        return t
-
     # ---- backward ----------------------------------------------------------------------
     def backward(self, api: EntryName, fwd: dict | None, bwd: dict) -> tuple[str, str, list]:
         if fwd is None or "input_args" not in fwd:
@@ -213,7 +202,7 @@ class Checker:
             kwargs = self.loader.build(fwd.get("input_kwargs", {}), api.base + ".forward")
             out_grads = [self.loader.tensor(d) if is_tensor_desc(d) else None for d in bwd["input"]]
             dumped = list(bwd["output"])
-            devs = [self._dumped(d) for d in dumped]
+            devs = [self.loader.dumped(d) for d in dumped]
             out_dtypes = [torch_dtype(d["dtype"]) if is_tensor_desc(d) else None
                           for d in flat_outputs(fwd.get("output") or [])]
         except Unrebuildable as exc:
@@ -253,7 +242,7 @@ class Checker:
     def _dropout_backward(self, api, fwd, bwd, p, out_grads, devs):
         """Dropout's gradient is the output grad through the forward's own mask, times 1/(1-p)."""
         fdesc = flat_outputs(fwd.get("output") or [])
-        fout = self._dumped(fdesc[0]) if fdesc else None
+        fout = self.loader.dumped(fdesc[0]) if fdesc else None
         if fout is None or not out_grads or out_grads[0] is None or devs[0] is None:
             return SKIP, "random API: dropout backward needs the dumped forward output and grads", []
         scale = 1.0 / (1.0 - p) if p < 1 else 0.0
