@@ -1,12 +1,31 @@
-"""The tensors inside an argument tree, through ``torch.utils._pytree``: the one mapper and
-flattener of the tools that copy, cast or move a call's arguments (toolbox, precheck).
+"""The tensors inside an argument tree, through ``torch.utils._pytree``: probe's one mapper
+and flattener of tensor trees.
 
-Containers are pytree's (lists, tuples, named tuples such as ``torch.return_types``,
-dicts); ``torch.Size`` is a leaf. The dump's own hot path numbers a call's tensors by
-argument slot instead (``hook_module.grad_capture.input_slots`` / ``output_slots``).
+``map_tensors`` / ``flat_tensors`` / ``keyed_tensors`` serve every walk over a call's or a
+module's arguments and outputs outside the API hot path: the toolbox (copy, cast, move),
+precheck's replay, the module-level dump (``dump.modules``, dataclass outputs such as HF
+``ModelOutput`` opened field by field), the crash dump (tensors keyed as dump files name
+them) and the meta check. Containers are pytree's (lists, tuples, named tuples such as
+``torch.return_types``, dicts); ``torch.Size`` is a leaf.
+
+One walker stays separate: ``hook_module.grad_capture.input_slots`` / ``output_slots``.
+They answer another question, a call's argument slots with ``None`` placeholders where
+a slot holds no tensor (msprobe's numbering of backward entries), and they run on the
+hot path of every dumped API call, which keeps its own plain loops. (``compare.rows``
+walks dump JSON, not tensors; the walkers in ``forensics.repro``'s script template are
+part of a generated script that imports only torch.)
 """
+import dataclasses
+
 import torch
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import (
+    GetAttrKey,
+    MappingKey,
+    SequenceKey,
+    tree_flatten,
+    tree_flatten_with_path,
+    tree_map_only,
+)
 
 
 def _is_size(x):
@@ -18,7 +37,38 @@ def map_tensors(fn, value):
     return tree_map_only(torch.Tensor, fn, value, is_leaf=_is_size)
 
 
-def flat_tensors(value):
-    """Every tensor inside ``value``, depth first, in argument order."""
+def flat_tensors(value, dataclasses_too=False):
+    """Every tensor inside ``value``, depth first, in argument order. ``dataclasses_too``:
+    a dataclass instance that pytree keeps whole is opened, its fields in order."""
     leaves, _ = tree_flatten(value, is_leaf=_is_size)
-    return [x for x in leaves if isinstance(x, torch.Tensor)]
+    out = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif dataclasses_too and dataclasses.is_dataclass(x) and not isinstance(x, type):
+            out.extend(flat_tensors([getattr(x, f.name) for f in dataclasses.fields(x)], True))
+    return out
+
+
+def keyed_tensors(value):
+    """``(keys, tensor)`` for every tensor inside ``value``, depth first: ``keys`` is the
+    tuple of positions (int) and dict keys leading to it from ``value``. A named tuple's
+    field is keyed by its position, as dump files number a tuple's elements."""
+    leaves, _ = tree_flatten_with_path(value, is_leaf=_is_size)
+    return [(_plain_keys(value, path), x) for path, x in leaves if isinstance(x, torch.Tensor)]
+
+
+def _plain_keys(value, path):
+    keys = []
+    for k in path:
+        if isinstance(k, SequenceKey):
+            keys.append(k.idx)
+        elif isinstance(k, MappingKey):
+            keys.append(k.key)
+        elif isinstance(k, GetAttrKey):
+            fields = getattr(type(value), "_fields", None)
+            keys.append(fields.index(k.name) if fields and k.name in fields else k.name)
+        else:   # a type registered with pytree by another library
+            keys.append(str(k).lstrip(".[").rstrip("]"))
+        value = k.get(value)
+    return tuple(keys)

@@ -181,3 +181,23 @@ def test_crash_dump_at_every_level(tmp_path, level):
     d.close()
     folder = tmp_path / "dump" / "exception" / "Functional.linear.0.forward"
     assert (folder / "exception.json").is_file(), os.listdir(tmp_path / "dump")
+
+
+def test_inputs_are_keyed_and_described_as_the_dump_names_them():
+    """input.<i>[.<j>...] for positional arguments, the keyword's name for keyword ones;
+    a named tuple's fields by position; a torch.Size recorded whole, as the dump does."""
+    from collections import namedtuple
+    from types import SimpleNamespace
+    Pair = namedtuple("Pair", "scale weight")
+    a, b, c, d, e = (torch.full((i + 1,), float(i)) for i in range(5))
+    call = SimpleNamespace(args=(a, [b, {"k": c}], Pair(2.0, d), torch.Size([3, 4])),
+                           kwargs={"bias": e, "dims": [1, a], "dim": 0})
+    found = crash._tensors(call)
+    assert [k for k, _ in found] == ["input.0", "input.1.0", "input.1.1.k", "input.2.1", "bias", "dims.1"]
+    assert all(t is want for (_, t), want in zip(found, [a, b, c, d, e, a]))
+    saved = {k: {"data_name": f"x.{k}.pt"} for k, _ in found}
+    args = crash._describe(call.args, "input", saved, positional=True)
+    assert args[1][1]["k"]["data_name"] == "x.input.1.1.k.pt" and args[2][1]["data_name"] == "x.input.2.1.pt"
+    assert args[3] == {"type": "torch.Size", "value": [3, 4]}
+    kwargs = crash._describe(call.kwargs, "kwargs", saved, positional=False)
+    assert kwargs["dims"][1]["data_name"] == "x.dims.1.pt" and kwargs["dim"] == {"type": "int", "value": 0}

@@ -25,6 +25,7 @@ from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import state
 from probe.hook_module.own_work import no_function_mode
 from probe.log_once import LogOnce
+from probe.tensor_tree import flat_tensors
 
 # Dynamo traces module hooks inside a compiled model: they return at once there.
 _is_compiling = torch.compiler.is_compiling
@@ -87,22 +88,6 @@ def _plain(out):
         return out
     if dataclasses.is_dataclass(out) and not isinstance(out, type):
         return {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
-    return out
-
-
-def _flatten(value, out):
-    """Every tensor in a nested args/kwargs/output structure, in order."""
-    if isinstance(value, torch.Tensor):
-        out.append(value)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _flatten(v, out)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _flatten(v, out)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
-            _flatten(getattr(value, f.name), out)
     return out
 
 
@@ -281,7 +266,7 @@ class ModuleDumper:
                                for k, p in module._parameters.items() if p is not None}
             api.stacks.capture(fwd)
         if flt.backward and torch.is_grad_enabled():
-            inputs = _flatten(kwargs, _flatten(args, []))
+            inputs = flat_tensors((args, kwargs), dataclasses_too=True)
             call.grad = (grad_capture.edges_before(inputs), len(inputs))
         return call
 
@@ -299,7 +284,7 @@ class ModuleDumper:
             api.writer.add_entry(call.fwd, entry)
         if call.grad is not None:
             before, n_inputs = call.grad
-            outputs = _flatten(out, [])
+            outputs = flat_tensors(out, dataclasses_too=True)
             if any(t.requires_grad for t in outputs):
                 _hook_call(before, outputs, n_inputs, self._grad_seen, self._backward_done_fn(call))
 

@@ -39,6 +39,7 @@ from probe.forensics._common import (
     summary,
     write_json,
 )
+from probe.tensor_tree import keyed_tensors
 
 MAX_DUMPS = 20          # per process: a loop that catches an API's error must not fill the disk
 
@@ -151,35 +152,22 @@ class CrashDump(_hub.Feature):
 
 
 def _tensors(call):
-    found = []
-    _walk(call.args, "input", found, positional=True)
-    _walk(call.kwargs, "kwargs", found, positional=False)
+    """The call's tensors keyed as dump files name them (``EntryBuilder.inputs``): positional
+    ``input.0``, ``input.1.2``; keyword by name, ``dim``, ``k.0``."""
+    found = [(".".join(["input", *map(str, keys)]), t) for keys, t in keyed_tensors(call.args)]
+    found += [(".".join(map(str, keys)), t) for keys, t in keyed_tensors(call.kwargs)]
     return found
 
 
-def _walk(value, prefix, out, positional):
-    """Tensors of the arguments keyed as dump files name them: input.0, input.1.2, kwargs.dim."""
-    items = enumerate(value) if positional else value.items()
-    for k, v in items:
-        _walk_one(v, f"{prefix}.{k}" if positional else k, out)
-
-
-def _walk_one(v, key, out):
-    if isinstance(v, torch.Tensor):
-        out.append((key, v))
-    elif isinstance(v, (list, tuple)):
-        for i, x in enumerate(v):
-            _walk_one(x, f"{key}.{i}", out)
-    elif isinstance(v, dict):
-        for k, x in v.items():
-            _walk_one(x, f"{key}.{k}", out)
-
-
 def _describe(value, prefix, saved, positional):
+    """dump.json's form of the arguments, over the containers ``keyed_tensors`` walks
+    (``torch.Size`` a value, as the dump records it), tensors keyed as ``_tensors`` does."""
     from probe.dump.records import describe_value
     items = enumerate(value) if positional else value.items()
 
     def one(v, key):
+        if type(v) is torch.Size:
+            return describe_value(v)
         if isinstance(v, torch.Tensor):
             info = saved.get(key, {})
             d = {"type": "torch.Tensor", "dtype": info.get("dtype", str(v.dtype)),

@@ -24,6 +24,7 @@ import torch
 
 from probe.forensics import hub as _hub
 from probe.forensics._common import format_frames, log, module_path, user_line, write_json
+from probe.tensor_tree import flat_tensors, map_tensors
 
 _SKIP_REASONS = (
     ("DynamicOutputShapeException", "output shape depends on the data"),
@@ -47,12 +48,6 @@ def _stride(t):
         return list(t.stride())
     except (RuntimeError, NotImplementedError):
         return None
-
-
-def _leaves(out):
-    from torch.utils._pytree import tree_flatten
-    leaves, _ = tree_flatten(out)
-    return leaves
 
 
 def _strides_differ(real, fake):
@@ -121,11 +116,10 @@ class MetaCheck(_hub.Feature):
         if hit is not None:
             return key, hit, None
         mode = _fake_mode()
-        from torch.utils._pytree import tree_map_only
         conv = lambda t: mode.from_tensor(t)
         try:
-            fargs = tree_map_only(torch.Tensor, conv, call.args)
-            fkwargs = tree_map_only(torch.Tensor, conv, call.kwargs)
+            fargs = map_tensors(conv, call.args)
+            fkwargs = map_tensors(conv, call.kwargs)
         except Exception as exc:
             return key, ("skip", f"inputs cannot be faked ({type(exc).__name__})"), None
         return key, None, (mode, fargs, fkwargs)
@@ -133,7 +127,7 @@ class MetaCheck(_hub.Feature):
     def after(self, call, state, out):
         if state is None:
             return
-        real = [x for x in _leaves(out) if isinstance(x, torch.Tensor)]
+        real = flat_tensors(out)
         if not real:
             return
         key, hit, fakes = state
@@ -167,10 +161,9 @@ class MetaCheck(_hub.Feature):
                 if name == cls:
                     return ("skip", reason)
             return ("error", f"{name}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}")
-        return ("ok", [_meta(x) if isinstance(x, torch.Tensor) else None for x in _leaves(fout)])
+        return ("ok", [_meta(x) for x in flat_tensors(fout)])
 
-    def _compare(self, call, real, fake_metas):
-        fake = [m for m in fake_metas if m is not None]
+    def _compare(self, call, real, fake):
         diffs = []
         if len(fake) != len(real):
             diffs.append({"index": None, "kernel": f"{len(real)} tensor outputs",
@@ -203,7 +196,7 @@ class MetaCheck(_hub.Feature):
             if len(self.mismatches) >= MAX_RECORDS:
                 return
         frames, modules = call.site()
-        inputs = [_meta(t) for t in _tensors(call.args, call.kwargs)]
+        inputs = [_meta(t) for t in flat_tensors((call.args, call.kwargs))]
         rec = {"entry": call.entry + ".forward", "api": call.name, "op": _op_name(call.func),
                "outputs": diffs, "inputs": inputs, "count": 1,
                "stack": format_frames(frames), **module_path(modules)}
@@ -256,12 +249,6 @@ def _op_name(func):
     if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return str(func)
     return f"{mod}.{name}" if mod and name else str(func)
-
-
-def _tensors(args, kwargs):
-    from torch.utils._pytree import tree_flatten
-    leaves, _ = tree_flatten((args, kwargs))
-    return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
 class MetaChecker(_hub.ForensicsHandler):
