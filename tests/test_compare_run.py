@@ -2,6 +2,7 @@
 transformer, 3 steps dumped on both ranks), faults on rank 1 at step 1, one answer for
 the run; local worker processes, a Dask LocalCluster, Parquet, check-ranks."""
 import json
+import logging
 import os
 import shutil
 import socket
@@ -52,17 +53,21 @@ def _cell(summary, step, rank):
     return next(c for c in summary["grid"] if c["step"] == step and c["rank"] == rank)
 
 
-def _cli(argv, capsys):
+def _cli(argv, capsys, caplog):
+    """rc, stdout (the CLI's list of files) and compare's answer, which the library logs at
+    INFO (stderr only where logging is not configured: pytest configures it)."""
     from probe.cli import main
+    caplog.set_level(logging.INFO, logger="probe")
+    caplog.clear()
     rc = main(argv)
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
+    said = "\n".join(r.getMessage() for r in caplog.records if r.name == "probe.compare.api")
+    return rc, capsys.readouterr().out, said
 
 
-def test_kernel_fault_on_one_rank_is_named_with_its_step_and_rank(runs, tmp_path, capsys):
+def test_kernel_fault_on_one_rank_is_named_with_its_step_and_rank(runs, tmp_path, capsys, caplog):
     out = str(tmp_path / "o")
-    rc, stdout, err = _cli(["compare", "--npu", os.path.join(runs, "kernel"), "--bench",
-                            os.path.join(runs, "bench"), "-o", out, "--processes", "2"], capsys)
+    rc, stdout, said = _cli(["compare", "--npu", os.path.join(runs, "kernel"), "--bench",
+                             os.path.join(runs, "bench"), "-o", out, "--processes", "2"], capsys, caplog)
     assert rc == 0
     with open(os.path.join(out, "compare_summary.json")) as fh:
         s = json.load(fh)
@@ -79,8 +84,9 @@ def test_kernel_fault_on_one_rank_is_named_with_its_step_and_rank(runs, tmp_path
     assert _cell(s, 1, 1)["verdict"] == "introduces"
     assert _cell(s, 1, 0)["verdict"] == "inherits"        # error came through the all_reduce
     assert all(_cell(s, 2, r)["verdict"] != "introduces" for r in (0, 1))
-    # the console gives the answer; stdout lists the files, the run workbook among them
-    assert "first divergence: Functional.gelu.0.forward (forward) at step 1, rank 1" in err
+    # the log gives the answer; stdout lists the files, the run workbook among them
+    assert "[probe compare] first divergence: Functional.gelu.0.forward (forward) at step 1, rank 1" in said
+    assert "first divergence" not in stdout
     files = stdout.split()
     assert any(os.path.basename(p).startswith("compare_run_") for p in files)
     assert all(os.path.isfile(p) for p in files)
@@ -104,16 +110,16 @@ def test_collective_fault_on_one_rank_names_the_collective(runs, tmp_path):
     assert _cell(run.summary, 1, 0)["verdict"] == "clean"
 
 
-def test_clean_rerun_names_nothing_and_bench2_pairs_by_step_and_rank(runs, tmp_path, capsys):
+def test_clean_rerun_names_nothing_and_bench2_pairs_by_step_and_rank(runs, tmp_path, capsys, caplog):
     from probe.compare import compare_run
     run = compare_run(os.path.join(runs, "bench2"), os.path.join(runs, "bench"), str(tmp_path / "o"),
                       processes=2)
     assert run.summary["first_divergence"] is None
     assert {c["verdict"] for c in run.summary["grid"]} == {"clean"} and len(run.summary["grid"]) == 6
-    rc, _, err = _cli(["compare", "--npu", os.path.join(runs, "kernel"), "--bench",
-                       os.path.join(runs, "bench"), "--bench2", os.path.join(runs, "bench2"),
-                       "-o", str(tmp_path / "o2"), "--processes", "1"], capsys)
-    assert rc == 0 and "first divergence: Functional.gelu.0.forward" in err
+    rc, _, said = _cli(["compare", "--npu", os.path.join(runs, "kernel"), "--bench",
+                        os.path.join(runs, "bench"), "--bench2", os.path.join(runs, "bench2"),
+                        "-o", str(tmp_path / "o2"), "--processes", "1"], capsys, caplog)
+    assert rc == 0 and "first divergence: Functional.gelu.0.forward" in said
     with open(tmp_path / "o2" / "compare_summary.json") as fh:
         fd = json.load(fh)["first_divergence"]
     with open(fd["report"]) as fh:
@@ -121,7 +127,7 @@ def test_clean_rerun_names_nothing_and_bench2_pairs_by_step_and_rank(runs, tmp_p
     assert pair["bench2_json_path"].endswith(os.path.join("bench2", "step1", "rank1", "dump.json"))
 
 
-def test_unpaired_rank_and_missing_step_are_named_not_fatal(runs, tmp_path, capsys):
+def test_unpaired_rank_and_missing_step_are_named_not_fatal(runs, tmp_path, capsys, caplog):
     npu, bench = str(tmp_path / "npu"), str(tmp_path / "bench")
     shutil.copytree(os.path.join(runs, "kernel"), npu)
     shutil.copytree(os.path.join(runs, "bench"), bench)
@@ -129,7 +135,7 @@ def test_unpaired_rank_and_missing_step_are_named_not_fatal(runs, tmp_path, caps
     shutil.rmtree(os.path.join(npu, "step0", "rank1"))          # one rank's dump is gone
     cfg = tmp_path / "compare.json"          # msprobe's -i form, with two roots
     cfg.write_text(json.dumps({"npu_path": npu, "bench_path": bench}))
-    rc, _, err = _cli(["compare", "-i", str(cfg), "-o", str(tmp_path / "o"), "--processes", "1"], capsys)
+    rc, _, said = _cli(["compare", "-i", str(cfg), "-o", str(tmp_path / "o"), "--processes", "1"], capsys, caplog)
     assert rc == 0
     with open(tmp_path / "o" / "compare_summary.json") as fh:
         s = json.load(fh)
@@ -137,8 +143,8 @@ def test_unpaired_rank_and_missing_step_are_named_not_fatal(runs, tmp_path, caps
         {("bench", 0, 1), ("npu", 2, 0), ("npu", 2, 1)}
     assert [_cell(s, st, r)["verdict"] for st, r in ((0, 1), (2, 0), (2, 1))] == ["missing"] * 3
     assert s["first_divergence"]["name"] == "Functional.gelu.0.forward"
-    assert "only the bench side has step0/rank1" in err and "only the NPU side has step2/rank1" in err
-    assert "first divergence: Functional.gelu.0.forward (forward) at step 1, rank 1" in err
+    assert "only the bench side has step0/rank1" in said and "only the NPU side has step2/rank1" in said
+    assert "first divergence: Functional.gelu.0.forward (forward) at step 1, rank 1" in said
 
 
 def test_a_plain_script_without_main_guard_runs_the_pool_once(runs, tmp_path):
@@ -161,7 +167,7 @@ def test_a_plain_script_without_main_guard_runs_the_pool_once(runs, tmp_path):
         assert json.load(fh)["first_divergence"]["rank"] == 1
 
 
-def test_dask_cluster_and_parquet_dataset(runs, tmp_path, capsys):
+def test_dask_cluster_and_parquet_dataset(runs, tmp_path, capsys, caplog):
     pytest.importorskip("distributed")
     pd = pytest.importorskip("pandas")
     pytest.importorskip("pyarrow")
@@ -169,10 +175,10 @@ def test_dask_cluster_and_parquet_dataset(runs, tmp_path, capsys):
     out = tmp_path / "o"
     with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
                       host="127.0.0.1") as cluster:
-        rc, _, err = _cli(["compare", "--npu", os.path.join(runs, "kernel"), "--bench",
-                           os.path.join(runs, "bench"), "-o", str(out), "--scheduler",
-                           cluster.scheduler_address], capsys)
-    assert rc == 0 and "first divergence: Functional.gelu.0.forward (forward) at step 1, rank 1" in err
+        rc, _, said = _cli(["compare", "--npu", os.path.join(runs, "kernel"), "--bench",
+                            os.path.join(runs, "bench"), "-o", str(out), "--scheduler",
+                            cluster.scheduler_address], capsys, caplog)
+    assert rc == 0 and "first divergence: Functional.gelu.0.forward (forward) at step 1, rank 1" in said
     table = pd.read_parquet(out / "diagnosis.parquet")
     assert len(table.groupby(["step", "rank"], observed=True)) == 6
     hit = table[(table.status == "introduces") & (table.npu_entry == "Functional.gelu.0.forward")]
@@ -184,7 +190,7 @@ def test_dask_cluster_and_parquet_dataset(runs, tmp_path, capsys):
     assert one[one.npu_entry == "Functional.gelu.0.forward"].epoch.item() == 0
 
 
-def test_check_ranks_finds_the_rank_with_a_bad_collective_result(runs, capsys):
+def test_check_ranks_finds_the_rank_with_a_bad_collective_result(runs, capsys, caplog):
     if not _collective_results_recorded(runs):
         pytest.skip("this probe does not record collectives' results yet")
     from probe import check_ranks
@@ -193,7 +199,7 @@ def test_check_ranks_finds_the_rank_with_a_bad_collective_result(runs, capsys):
     bad = check_ranks(os.path.join(runs, "collective"))
     assert bad.bad_ranks == [1] and bad.first.step == 1
     assert bad.first.name.startswith("Distributed.all_reduce.")
-    rc, stdout, _ = _cli(["check-ranks", os.path.join(runs, "collective")], capsys)
+    rc, stdout, _ = _cli(["check-ranks", os.path.join(runs, "collective")], capsys, caplog)
     assert rc == 1 and "first: step 1, rank(s) 1 at Distributed.all_reduce." in stdout
 
 

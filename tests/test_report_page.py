@@ -10,6 +10,7 @@ Browser tests drive Debian's chromium through chromium-driver and selenium; with
 they skip with a one-line reason (``.ci/run`` installs them).
 """
 import glob
+import logging
 import os
 import re
 import shutil
@@ -101,14 +102,15 @@ def test_workbook_opens_on_a_readable_summary_linked_to_the_culprit(report):
     assert anchor.row >= ws.max_row
 
 
-def test_no_html_skips_the_page(report, tmp_path, capsys):
+def test_no_html_skips_the_page(report, tmp_path, caplog):
     from probe.cli import main
+    caplog.set_level(logging.INFO, logger="probe")   # compare's answer is logged at INFO
     fault_npu = report["npu"]
     bench = fault_npu.replace(os.sep + "npu" + os.sep, os.sep + "bench" + os.sep)
     assert main(["compare", "--npu", fault_npu, "--bench", bench, "-o", str(tmp_path), "--no-html"]) == 0
     assert not glob.glob(str(tmp_path / "*.html")) and glob.glob(str(tmp_path / "*.xlsx"))
-    err = capsys.readouterr().err
-    verdict = [line for line in err.splitlines() if "verdict:" in line]
+    said = [r.getMessage() for r in caplog.records if r.name == "probe.compare.api"]
+    verdict = [line for line in said if "verdict:" in line]
     assert len(verdict) == 1 and CULPRIT in verdict[0] and CULPRIT_MODULE in verdict[0]
 
 
@@ -236,14 +238,15 @@ def test_run_page_refuses_a_bad_summary(tmp_path):
                        str(tmp_path / "x.html"))
 
 
-def test_demo_injects_a_kernel_fault_and_names_it(tmp_path, capsys):
+def test_demo_injects_a_kernel_fault_and_names_it(tmp_path, capsys, caplog):
     import json
 
     from probe.demo import FAULT_CALL, run_demo
+    caplog.set_level(logging.INFO, logger="probe")
     paths = run_demo(str(tmp_path / "demo"))
-    err = capsys.readouterr().err
-    assert "injecting one kernel fault" in err
-    verdict = [line for line in err.splitlines() if "verdict:" in line]
+    assert "injecting one kernel fault" in capsys.readouterr().err     # the demo script's own line
+    said = [r.getMessage() for r in caplog.records if r.name == "probe.compare.api"]   # compare's answer
+    verdict = [line for line in said if "verdict:" in line]
     assert len(verdict) == 1 and FAULT_CALL in verdict[0]
     with open(paths[-1], encoding="utf-8") as fh:
         assert json.load(fh)["first_divergence"]["forward"]["npu_name"] == FAULT_CALL

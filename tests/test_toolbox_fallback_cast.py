@@ -2,6 +2,8 @@
 back with autograd), in-place / out= / setitem keep their semantics (the user's tensor is
 updated, its version bumps, gradients equal a run without the tool); casting changes the
 computation's dtype only where asked and reports each call."""
+import logging
+
 import pytest
 import torch
 import torch.nn as nn
@@ -146,3 +148,18 @@ def test_parse_dtype_map_and_per_op_override(monkeypatch):
     with OpDtypeCast(ops="gelu,silu", verbose=False) as cast:
         F.gelu(x), F.silu(x)
     assert [c["inputs"] for c in cast.calls] == ["bfloat16->float64", "bfloat16->float32"]
+
+
+def test_verbose_calls_are_logged_not_printed(caplog, capsys):
+    caplog.set_level(logging.INFO, logger="probe")
+    x = torch.randn(4, 8)
+    with OpFallback(ops="^Tensor.add$", verbose=True):
+        x.add(1)
+    with OpDtypeCast(ops="gelu", dtype_map="torch.float32->torch.float64", verbose=True):
+        F.gelu(x)
+    said = [(r.name, r.getMessage()) for r in caplog.records if r.levelno == logging.INFO]
+    assert ("probe.toolbox.fallback", "probe fallback: Tensor.add.0 fallback (cpu)") in said
+    assert ("probe.toolbox.fallback", "probe fallback: 1 calls ran on cpu, 0 stayed on the device") in said
+    assert ("probe.toolbox.dtype_cast",
+            "probe cast_dtype: Functional.gelu.0 inputs float32->float64 outputs float64->float32") in said
+    assert capsys.readouterr().out == ""

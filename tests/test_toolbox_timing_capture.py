@@ -5,6 +5,7 @@ OpCapture + probe replay: a captured MLP replays bitwise on the CPU, forward and
 a tampered capture is reported, saved files load with weights_only."""
 import argparse
 import csv
+import logging
 import os
 
 import torch
@@ -33,7 +34,8 @@ def _replay(argv, capsys):
     return rc, capsys.readouterr().out
 
 
-def test_timing_one_row_per_call_with_backward(tmp_path, capsys):
+def test_timing_one_row_per_call_with_backward(tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="probe")
     m = _mlp()
     x, t = torch.randn(8, 16), torch.randint(0, 4, (8,))
     with OpTimeMeasure(output_dir=str(tmp_path), warmup=1) as tm:
@@ -54,7 +56,10 @@ def test_timing_one_row_per_call_with_backward(tmp_path, capsys):
     assert lin0["input_dtypes"] == "float32;float32;float32"
     summary = {a["name"]: a for a in tm.summary()}
     assert summary["Functional.linear"]["calls"] == 5 and summary["Functional.gelu"]["calls"] == 2
-    assert "slowest APIs" in capsys.readouterr().out
+    # verbose (the default): the summary table is logged at INFO, not printed
+    table = [r.getMessage() for r in caplog.records if r.name == "probe.toolbox.timing"]
+    assert len(table) == 1 and "slowest APIs" in table[0] and "Functional.linear" in table[0]
+    assert "slowest APIs" not in capsys.readouterr().out
     assert (tmp_path / "op_time_summary.csv").exists()
 
 

@@ -2,10 +2,14 @@
 ``compare_distributed`` (a whole run: see run.py).  Both return the paths they wrote."""
 from __future__ import annotations
 
+import logging
 import os
-import sys
+
+from probe import console_log
 
 from .pair_job import compare_pair
+
+log = logging.getLogger(__name__)
 
 
 def _param(d: dict, *keys):
@@ -28,7 +32,8 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     ``align``: None aligns the call sequences when they differ, True always, False pairs
     by name (msprobe); ``fuzzy_match`` pairs the k-th call of each API. ``auto_analyze``
     adds the diagnosis (first divergence, Diagnosis sheet, summary json). ``html``
-    also writes the self-contained page ``compare_report_*.html``.
+    also writes the self-contained page ``compare_report_*.html``. ``is_print_compare_log``
+    (default True) logs the answer at INFO, shown on stderr where logging is not configured.
     """
     if not isinstance(dump_result_param, dict):
         raise ValueError("dump_result_param must be a dict with npu_json_path and bench_json_path")
@@ -54,11 +59,12 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
                       html=html)
     if verbose:
         from .report import console_summary
+        console_log.show_info()
         result = pr.result
         for note in result.notes:
-            print(f"[probe compare] {note}", file=sys.stderr)
+            log.info("[probe compare] %s", note)
         for line in console_summary(result, pr.summary, pr.paths):
-            print(f"[probe compare] {line}", file=sys.stderr)
+            log.info("[probe compare] %s", line)
     return pr.paths
 
 
@@ -76,11 +82,13 @@ def compare_distributed(npu_dir: str, bench_dir: str, output_path: str, *,
     (``processes``, default one per core), or on Dask: ``scheduler`` (an address) or
     ``executor`` (e.g. ``Client(...).get_executor()``). Safe to call from a script without
     an ``if __name__ == "__main__":`` guard. ``compare_run`` returns the summary too.
+    ``verbose`` logs the run's answer as ``compare`` does.
     """
     from .run import answer_lines, compare_run
     run = compare_run(npu_dir, bench_dir, output_path, bench2_root=bench2_dir, executor=executor,
                       scheduler=scheduler, processes=processes, **kwargs)
     if verbose:
+        console_log.show_info()
         for line in answer_lines(run.summary):
-            print(f"[probe compare] {line}", file=sys.stderr)
+            log.info("[probe compare] %s", line)
     return run.paths

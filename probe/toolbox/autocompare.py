@@ -11,16 +11,20 @@ Random APIs are judged by statistics (dropout's zero ratio against p, rand's mea
 It works on a CPU-only machine too: a bf16 model on the CPU is compared with its float64
 golden, which finds precision loss without an accelerator.
 """
+import logging
 import math
 import os
 
 import torch
 
+from probe import console_log
 from probe.compare.metrics import tensor_metrics
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import guard
 from probe.toolbox import base, options
 from probe.toolbox.capture import CallRecord, flat_input_slots, host_copy
+
+log = logging.getLogger(__name__)
 
 _ACCUMULATING = ("matmul", "mm", "mv", "dot", "einsum", "tensordot", "linear", "conv", "norm",
                  "softmax", "softmin", "sum", "mean", "prod", "std", "var", "logsumexp", "loss",
@@ -118,7 +122,7 @@ def golden_inputs(snapshot, dtype, want_grad):
 
 
 class OpAutoCompare(base.ToolBase):
-    """Compare chosen APIs with a CPU golden, forward and backward; rows to CSV and console.
+    """Compare chosen APIs with a CPU golden, forward and backward; rows to CSV and the log.
 
     Options (keyword arguments win over the environment variables):
     ``ops`` / ``disable_ops`` (``OP_AUTOCOMPARE_LIST`` / ``OP_AUTOCOMPARE_DISABLE_LIST``),
@@ -126,7 +130,8 @@ class OpAutoCompare(base.ToolBase):
     ``op_tolerances`` {api: (atol, rtol) or {dtype: ...}} (env: ``AUTOCOMPARE_ERROR_TOLERANCE``,
     ``..._BFLOAT16`` etc. and ``LINEAR_AUTOCOMPARE_ERROR_TOLERANCE_BFLOAT16``),
     ``backward`` (default True), ``save_failed`` (default True: failing calls saved for
-    ``probe replay`` under ``output_dir/failed``), ``verbose`` (print failing rows).
+    ``probe replay`` under ``output_dir/failed``), ``verbose`` (log failing rows at INFO; "all":
+    every row).
     """
     feature = "autocompare"
     env_list = "OP_AUTOCOMPARE_LIST"
@@ -136,6 +141,8 @@ class OpAutoCompare(base.ToolBase):
                  tolerance=None, tolerances=None, op_tolerances=None, backward=True,
                  save_failed=True, yaml_path=None, verbose=None):
         super().__init__(ops, disable_ops, condition_func, yaml_path, output_dir, verbose)
+        if self.verbose:
+            console_log.show_info()
         self.tolerances = options.Tolerances(tolerance, tolerances, op_tolerances)
         self.backward = backward
         self.save_failed = save_failed
@@ -270,15 +277,15 @@ class OpAutoCompare(base.ToolBase):
         self.csv.add(row)
         if row["status"] == "fail":
             if self.verbose:
-                print(f"probe autocompare: FAIL {name}.{call_id} {phase} {label} "
-                      f"dtype={row.get('dtype')} max_abs={_fmt(row.get('max_abs'))} "
-                      f"max_rel={_fmt(row.get('max_rel'))} {row.get('note', '')}")
+                log.info("probe autocompare: FAIL %s.%s %s %s dtype=%s max_abs=%s max_rel=%s %s",
+                         name, call_id, phase, label, row.get("dtype"), _fmt(row.get("max_abs")),
+                         _fmt(row.get("max_rel")), row.get("note", ""))
             key = (name, call_id)
             if self.save_failed and key not in self.failed_calls:
                 self.failed_calls.add(key)
                 self._save(name, call_id, prep)
         elif self.verbose == "all":
-            print(f"probe autocompare: {row['status']} {name}.{call_id} {phase} {label}")
+            log.info("probe autocompare: %s %s.%s %s %s", row["status"], name, call_id, phase, label)
 
     def _save(self, name, call_id, prep):
         """A failing call's inputs (as they were before the call) for ``probe replay``."""
@@ -297,9 +304,9 @@ class OpAutoCompare(base.ToolBase):
         n = len(self.csv.rows)
         bad = self.failures()
         apis = sorted({r["name"] for r in bad})
-        print(f"probe autocompare: {n} comparisons, {len(bad)} failed"
-              + (f" ({', '.join(apis[:10])}{' ...' if len(apis) > 10 else ''})" if apis else "")
-              + (f"; report {self.csv.path}" if n else ""))
+        log.info("probe autocompare: %d comparisons, %d failed%s%s", n, len(bad),
+                 f" ({', '.join(apis[:10])}{' ...' if len(apis) > 10 else ''})" if apis else "",
+                 f"; report {self.csv.path}" if n else "")
 
 
 def _fmt(x):

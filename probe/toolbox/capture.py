@@ -11,14 +11,18 @@ Inputs are copied *before* the call (an in-place API overwrites them); gradients
 the call's outputs and its own inputs are observed with grad_capture (no tensor wrapped).
 """
 import json
+import logging
 import os
 
 import torch
 
+from probe import console_log
 from probe.dump.stats import torch_copy
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import guard
 from probe.toolbox import base
+
+log = logging.getLogger(__name__)
 
 _SPECIAL = (torch.memory_format, torch.layout)
 
@@ -154,6 +158,8 @@ class OpCapture(base.ToolBase):
     def __init__(self, ops=None, disable_ops=None, condition_func=None, output_dir=None,
                  max_calls=None, backward=True, yaml_path=None, verbose=None):
         super().__init__(ops, disable_ops, condition_func, yaml_path, output_dir, verbose)
+        if self.verbose:
+            console_log.show_info()
         self.max_calls = max_calls
         self.backward = backward
         self.saved = []  # folders written
@@ -179,7 +185,7 @@ class OpCapture(base.ToolBase):
                     rec.save_forward(out)
                     self.saved.append(rec.folder)
                     if self.verbose:
-                        print(f"probe op_capture: {name}.{call_id} saved to {rec.folder}")
+                        log.info("probe op_capture: %s.%s saved to %s", name, call_id, rec.folder)
                     if grad_state is not None:
                         before, n = grad_state
                         grad_capture.hook_call(before, base.flat_outputs(out), n, _grad_copy,

@@ -4,17 +4,21 @@ Casting stays on the same device and is differentiable (``x.to(dtype)``), so gra
 reach the original tensors in their own dtype. In-place and ``out=`` APIs write their
 result back into the real tensor (``real.copy_``, which casts back), as fallback does.
 An output in a target dtype is cast back to the source dtype it came from. Every cast
-call is reported (``calls``, console when verbose, ``dtype_cast.csv``).
+call is reported (``calls``, logged at INFO when verbose, ``dtype_cast.csv``).
 
 The mapping: ``dtype_map`` keyword, else ``OP_DTYPE_CAST_DICT``
 (``"torch.float16->torch.float32,torch.bfloat16->torch.float32"``, the default);
 per API: ``op_dtype_maps={"linear": {...}}`` or ``LINEAR_OP_DTYPE_CAST_DICT``.
 """
+import logging
 import os
 
 import torch
 
+from probe import console_log
 from probe.toolbox import base, options
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAP = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
@@ -27,6 +31,8 @@ class OpDtypeCast(base.ToolBase):
     def __init__(self, ops=None, disable_ops=None, condition_func=None, dtype_map=None,
                  op_dtype_maps=None, yaml_path=None, verbose=None, output_dir=None):
         super().__init__(ops, disable_ops, condition_func, yaml_path, output_dir, verbose)
+        if self.verbose:
+            console_log.show_info()
         self.dtype_map = options.pick(dtype_map, "OP_DTYPE_CAST_DICT", options.parse_dtype_map) \
             if not isinstance(dtype_map, dict) else options.parse_dtype_map(dtype_map)
         if self.dtype_map is None:
@@ -92,7 +98,8 @@ class OpDtypeCast(base.ToolBase):
         except OSError as exc:
             self.fail(name, exc, "report not written")
         if self.verbose:
-            print(f"probe cast_dtype: {name}.{call_id} inputs {row['inputs']} outputs {row['outputs'] or '-'}")
+            log.info("probe cast_dtype: %s.%s inputs %s outputs %s", name, call_id, row["inputs"],
+                     row["outputs"] or "-")
         return result
 
 

@@ -12,10 +12,14 @@ device without breaking aliasing: those run on the device, and the call is repor
 
 Use: bisect a faulty kernel by watching the loss while narrowing ``OP_FALLBACK_LIST``.
 """
+import logging
 
 import torch
 
+from probe import console_log
 from probe.toolbox import base
+
+log = logging.getLogger(__name__)
 
 
 class OpFallback(base.ToolBase):
@@ -32,6 +36,8 @@ class OpFallback(base.ToolBase):
     def __init__(self, ops=None, disable_ops=None, condition_func=None, target="cpu",
                  yaml_path=None, verbose=None, output_dir=None):
         super().__init__(ops, disable_ops, condition_func, yaml_path, output_dir, verbose)
+        if self.verbose:
+            console_log.show_info()
         self.target = torch.device(target)
         self.calls = []   # (name, call_id, "fallback" | "on device: <why>")
 
@@ -82,12 +88,13 @@ class OpFallback(base.ToolBase):
     def _log(self, name, call_id, what):
         self.calls.append((name, call_id, what))
         if self.verbose:
-            print(f"probe fallback: {name}.{call_id} {what} ({self.target})")
+            log.info("probe fallback: %s.%s %s (%s)", name, call_id, what, self.target)
 
     def on_stop(self):
         if self.verbose and self.calls:
             n = sum(1 for c in self.calls if c[2] == "fallback")
-            print(f"probe fallback: {n} calls ran on {self.target}, {len(self.calls) - n} stayed on the device")
+            log.info("probe fallback: %d calls ran on %s, %d stayed on the device", n, self.target,
+                     len(self.calls) - n)
 
 
 def _aliasing(cout, copies, real_of):

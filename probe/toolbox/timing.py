@@ -9,14 +9,18 @@ the last node leading into its inputs has run (post-hook), found with grad_captu
 is this API's backward and not the whole graph's. The first ``warmup`` calls of each API
 are flagged and left out of the summary (caches, allocator and autotuning make them slow).
 """
+import logging
 import os
 import time
 
 import torch
 
+from probe import console_log
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import guard
 from probe.toolbox import base
+
+log = logging.getLogger(__name__)
 
 COLUMNS = ["name", "call_id", "forward_ms", "backward_ms", "input_shapes", "input_dtypes",
            "output_shapes", "output_dtypes", "device", "warmup"]
@@ -68,6 +72,8 @@ class OpTimeMeasure(base.ToolBase):
     def __init__(self, ops=None, disable_ops=None, condition_func=None, output_dir=None,
                  warmup=1, sync=False, backward=True, top=20, yaml_path=None, verbose=None):
         super().__init__(ops, disable_ops, condition_func, yaml_path, output_dir, verbose)
+        if self.verbose:
+            console_log.show_info()
         self.warmup = warmup
         self.sync = sync
         self.backward = backward
@@ -176,7 +182,7 @@ class OpTimeMeasure(base.ToolBase):
         self._resolve()
         self._write()
         if self.verbose:
-            print(format_summary(self.summary()[: self.top]))
+            log.info("%s", format_summary(self.summary()[: self.top]))
 
 
 def format_summary(rows):
