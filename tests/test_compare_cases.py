@@ -281,3 +281,26 @@ def test_distributed_and_cli(tmp_path, capsys):
     assert rc == 0 and len(out) == 4 and all(os.path.isfile(p) for p in out)
     with pytest.raises(ValueError):
         cli_run(parser.parse_args(["-o", str(tmp_path / "o3")]))
+
+
+def test_whole_file_and_streamed_reads_agree(tmp_path, monkeypatch):
+    """orjson parses a normal file whole; bare NaN tokens (msprobe writes them) and big files
+    are streamed. Both paths must hand out the same entries and meta."""
+    entries = {f"A.op.{k}.forward": [X * (k + 1)] for k in range(5)}
+    a = write_dump(str(tmp_path / "npu"), entries, task="statistics")
+    import probe.compare.reader as reader
+
+    def read(path):
+        meta = DumpMeta(path)
+        return list(read_dump(path, meta)), (meta.task, meta.level, meta.entries, meta.truncated)
+
+    whole = read(a)
+    monkeypatch.setattr(reader, "WHOLE_FILE_BYTES", 0)
+    streamed = read(a)
+    assert whole == streamed and whole[1][2] == 5
+    monkeypatch.undo()
+    text = open(a).read().replace(f'"Max": {float(X.max())}', '"Max": NaN', 1)
+    assert "NaN" in text
+    open(a, "w").write(text)
+    got, meta = read(a)
+    assert meta[2] == 5 and math.isnan(got[0][1]["output"][0]["Max"])

@@ -5,13 +5,14 @@ import math
 import zipfile
 
 import numpy as np
+import orjson
 import openpyxl
 
 from probe.compare.xlsx import Sheet, cell_body, encode_column, write_workbook
 
 INF = float("inf")
 COLUMNS = {
-    "floats": [1.5, -0.1, 1e-300, 123456789.123, 0.0, -0.0, 1 / 3] * 3,
+    "floats": [1.5, -0.1, 1e-300, 123456789.123, 0.0, -0.0, 1 / 3, 1e-5, 1e16, -2.5e-7, 1e22] * 3,
     "floats with gaps": [1.5, None, math.nan, INF, -INF, 2.25, None],
     "all None": [None, None, None],
     "names": ["Functional.linear.0.forward.input.0", "Tensor.__add__.3.backward.output.0", None],
@@ -45,6 +46,12 @@ class _CsvWriter:
 
 
 def _csv_text(value) -> str:
+    """csv.writer's field, but a finite float in the shortest text that reads back as it
+    (``1e-5`` where csv.writer has repr's ``1e-05``)."""
+    if type(value) is float and math.isfinite(value):
+        text = orjson.dumps(value).decode()
+        assert float(text) == value
+        return text
     buf = io.StringIO()
     _CsvWriter(buf).writerow([value, "x"])
     return buf.getvalue()[:-len(",x\r\n")]
@@ -95,7 +102,8 @@ def test_workbook_and_csv_round_trip(tmp_path):
     buf = io.StringIO(newline="")
     w = _CsvWriter(buf)
     w.writerow(header)
-    w.writerows(zip(*cols))
+    w.writerows([[_csv_text(v) if type(v) is float and math.isfinite(v) else v for v in row]
+                 for row in zip(*cols)])
     with open(csv_path, newline="", encoding="utf-8") as fh:
         assert fh.read() == buf.getvalue()
 

@@ -428,25 +428,34 @@ def _first(calls, direction):
     return None, differ
 
 
-def _round_bf16(x: float) -> float:
-    """x rounded to bfloat16 (nearest even), as a cast would."""
-    import struct
-    if not math.isfinite(x):
-        return x
-    bits = struct.unpack("<I", struct.pack("<f", x))[0]
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return struct.unpack("<f", struct.pack("<I", bits))[0]
+def _round_bf16(x):
+    """float64 array ``x`` rounded to bfloat16 (via float32, nearest even), as a cast would."""
+    import numpy as np
+    with np.errstate(over="ignore", invalid="ignore"):
+        bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+        return np.where(np.isfinite(x), bits.view(np.float32).astype(np.float64), x)
 
 
-def _round_fp16(x: float) -> float:
-    import struct
-    try:
-        return struct.unpack("<e", struct.pack("<e", x))[0]
-    except OverflowError:
-        return math.copysign(math.inf, x)
+def _round_fp16(x):
+    import numpy as np
+    with np.errstate(over="ignore"):
+        return x.astype(np.float16).astype(np.float64)
 
 
 _CASTS = {"torch.bfloat16": _round_bf16, "torch.float16": _round_fp16}
+
+
+def _cast_keys(outputs: list, into: set) -> None:
+    """Add to ``into`` what each output (dtype, shape, max, min) reads as after a cast to
+    another low-precision dtype, the extremes rounded in one numpy pass per dtype."""
+    import numpy as np
+    mx = np.array([o[2] for o in outputs], dtype=np.float64)
+    mn = np.array([o[3] for o in outputs], dtype=np.float64)
+    for dtype, rnd in _CASTS.items():
+        for (d, shape, _, _), x, y in zip(outputs, rnd(mx).tolist(), rnd(mn).tolist()):
+            if d != dtype:
+                into.add((dtype, shape, x, y))
 
 
 def _state(result, calls, errors) -> State:
@@ -455,8 +464,9 @@ def _state(result, calls, errors) -> State:
     A tensor's identity is not in the dump; its (dtype, shape, statistics) are, and an
     output and the later input it feeds carry the same ones exactly, or, through a cast
     that is not dumped (HF's softmax output ``.to(bf16)``), the same shape and the
-    extremes rounded to the new dtype."""
-    produced, cast, differing, compared = set(), set(), [], 0
+    extremes rounded to the new dtype (worked out only once a low-precision input asks,
+    for the outputs before it: never in an fp32 run)."""
+    produced, cast, pending, differing, compared = set(), set(), [], [], 0
     pairs = result.pairs
     for u in calls:
         if u.direction != "forward" or u.phase == "optimizer":
@@ -468,16 +478,18 @@ def _state(result, calls, errors) -> State:
             if a.io in ("input", "parameters"):
                 if (a.dtype, a.shape, a.stats) in produced or pairs[i].bench is None or errors[i] is None:
                     continue
-                if a.dtype in _CASTS and (a.dtype, a.shape, a.stats[0], a.stats[1]) in cast:
-                    continue
+                if a.dtype in _CASTS:
+                    if pending:
+                        _cast_keys(pending, cast)
+                        pending = []
+                    if (a.dtype, a.shape, a.stats[0], a.stats[1]) in cast:
+                        continue
                 compared += 1
                 if errors[i] > 0:
                     differing.append(OutsideInput(a.name, a.shape, errors[i], u.module))
             elif a.io == "output":
                 produced.add((a.dtype, a.shape, a.stats))
-                for dtype, rnd in _CASTS.items():
-                    if dtype != a.dtype:
-                        cast.add((dtype, a.shape, rnd(a.stats[0]), rnd(a.stats[1])))
+                pending.append((a.dtype, a.shape, a.stats[0], a.stats[1]))
     differing.sort(key=lambda o: -o.error)
     return State(differing, compared)
 

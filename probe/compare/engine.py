@@ -19,7 +19,7 @@ from . import verdict as vd
 from .construct import load_modules
 from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
-from .reader import DumpMeta, read_dump
+from .reader import DumpMeta, gc_paused, read_dump
 from .rows import Row, direction, flatten
 from .tensors import load, resolve
 
@@ -74,23 +74,6 @@ class CompareResult:
     @property
     def n_rows(self) -> int:
         return len(self.columns["NPU Name"])
-
-
-@contextlib.contextmanager
-def gc_paused():
-    """No cyclic garbage collection inside (the previous state is restored after).
-
-    A big compare holds millions of small containers (decoded entries, rows, pairs,
-    column lists) and makes almost no reference cycles: every full collection walked
-    all of them for nothing, ~1/3 of the engine's time on the 100k-entry pair.
-    """
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def read_sides(npu_json: str, bench_json: str) -> tuple[Side, Side]:

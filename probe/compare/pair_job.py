@@ -45,7 +45,8 @@ def compare_pair(npu_json: str, bench_json: str, output_path: str, *, tag: str =
     from tqdm import tqdm
 
     from .diagnosis import diagnose, mark_rows, noise_floor
-    from .engine import compare_dumps, gc_paused
+    from .engine import compare_dumps
+    from .reader import gc_paused
     from .report import write_report
     bar = tqdm(total=None, desc="compare: reading", unit=" rows", delay=2.0, file=sys.stderr,
                disable=not progress, leave=False)
