@@ -112,6 +112,17 @@ def _write_npy(path, arr):
         raise
 
 
+def _make_dir(path):
+    """Make folder ``path`` (and missing parents); False when it exists already."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return False
+    except FileNotFoundError:
+        os.makedirs(path, exist_ok=True)
+    return True
+
+
 def _remove(path):
     try:
         os.unlink(path)
@@ -146,8 +157,11 @@ def _rewrite(fd, data, old):
 class _StepFiles:
     """The files of one step/rank folder (writer thread only).
 
-    Made under a staging name beside the final one and renamed into place, so a reader
-    never sees a half-made folder; a folder an earlier run left is renamed aside first.
+    A fresh folder is made in place and its three files created in it, the descriptors
+    kept open: ~9 system calls, each 20-80 us on a container's overlay disk, ~0.3 ms a
+    step less than making it under a staging name (bench/overhead.py, mid model). A folder
+    an earlier run left is replaced whole: the new one is made under a staging name and
+    renamed into place after the old one is set aside, so a reader never sees a mix.
     ``broken`` is set by the first failed write: the step's files keep what they hold.
     """
 
@@ -155,29 +169,27 @@ class _StepFiles:
         self.rank_dir = rank_dir
         self.broken = False
         self.count = 0
-        parent, name = os.path.split(rank_dir)
-        made_parent = not os.path.isdir(parent)
-        staging = os.path.join(parent, f".{name}.staging-{os.getpid()}")
+        header = dict(header)
+        if with_tensors:
+            header["dump_data_dir"] = os.path.join(rank_dir, "dump_tensor_data")
+        texts = (header_text({k: header.get(k) for k in _HEADER_KEYS}), b"{}", b"{}")
+        parent = os.path.dirname(rank_dir)
+        made_parent = _make_dir(parent)
+        made = None              # the folder this call made, removed again on failure
         try:
-            os.makedirs(parent, exist_ok=True)
-            if os.path.exists(staging):
-                shutil.rmtree(staging)
-            os.makedirs(staging)
-            header = dict(header)
-            if with_tensors:
-                os.makedirs(os.path.join(staging, "dump_tensor_data"))
-                header["dump_data_dir"] = os.path.join(rank_dir, "dump_tensor_data")
-            for file_name, text in (("dump.json", header_text({k: header.get(k) for k in _HEADER_KEYS})),
-                                    ("stack.json", b"{}"), ("construct.json", b"{}")):
-                with open(os.path.join(staging, file_name), "wb") as f:
-                    f.write(text)
-            if os.path.lexists(rank_dir):
-                aside = f"{staging}.old-{len(trash)}"
+            if _make_dir(rank_dir):
+                made = rank_dir
+                fds = self._create(rank_dir, texts, with_tensors)
+            else:                # an earlier run's folder: replaced whole
+                made = self._staging(rank_dir)
+                fds = self._create(made, texts, with_tensors)
+                aside = f"{made}.old-{len(trash)}"
                 os.rename(rank_dir, aside)
                 trash.append(aside)
-            os.rename(staging, rank_dir)
+                os.rename(made, rank_dir)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
             if made_parent:   # no folder for a step whose files could not be made
                 try:
                     os.rmdir(parent)
@@ -185,10 +197,35 @@ class _StepFiles:
                     pass
             raise
         self.dump_path = os.path.join(rank_dir, "dump.json")
-        self._fd = os.open(self.dump_path, os.O_RDWR)
-        self._size = os.fstat(self._fd).st_size
+        self._fd = fds[0]
+        self._size = len(texts[0])
         # stack.json, construct.json: [fd, what they hold]
-        self._meta = [[os.open(os.path.join(rank_dir, n), os.O_RDWR), b"{}"] for n in ("stack.json", "construct.json")]
+        self._meta = [[fd, text] for fd, text in zip(fds[1:], texts[1:])]
+
+    @staticmethod
+    def _staging(rank_dir):
+        staging = os.path.join(os.path.dirname(rank_dir), f".{os.path.basename(rank_dir)}.staging-{os.getpid()}")
+        if os.path.lexists(staging):
+            shutil.rmtree(staging)
+        os.mkdir(staging)
+        return staging
+
+    @staticmethod
+    def _create(folder, texts, with_tensors):
+        """dump.json, stack.json, construct.json in ``folder`` holding ``texts``: their
+        open descriptors (closed again if one cannot be made)."""
+        if with_tensors:
+            os.mkdir(os.path.join(folder, "dump_tensor_data"))
+        fds = []
+        try:
+            for file_name, text in zip(("dump.json", "stack.json", "construct.json"), texts):
+                fds.append(os.open(os.path.join(folder, file_name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644))
+                _write_all(fds[-1], text, 0)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
 
     def append(self, data, count):
         """Write ``data`` (``count`` entries) over the closing braces, and the braces after
