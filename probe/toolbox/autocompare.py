@@ -17,7 +17,6 @@ import os
 
 import torch
 
-from probe import console_log
 from probe.compare.metrics import tensor_metrics
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import guard
@@ -141,8 +140,6 @@ class OpAutoCompare(base.ToolBase):
                  tolerance=None, tolerances=None, op_tolerances=None, backward=True,
                  save_failed=True, yaml_path=None, verbose=None):
         super().__init__(ops, disable_ops, condition_func, yaml_path, output_dir, verbose)
-        if self.verbose:
-            console_log.show_info()
         self.tolerances = options.Tolerances(tolerance, tolerances, op_tolerances)
         self.backward = backward
         self.save_failed = save_failed

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from probe import console_log
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import Interceptor, guard
 from probe.hook_module.operators import unpatched
@@ -122,6 +123,8 @@ class ToolBase:
         self.counters = {}
         self._interceptor = None
         self._failed = LogOnce(log)
+        if self.verbose:         # the tools' reports are log lines: shown without logging set up
+            console_log.show_info()
 
     # ---- lifecycle -------------------------------------------------------------
     @property

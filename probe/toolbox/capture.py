@@ -16,7 +16,6 @@ import os
 
 import torch
 
-from probe import console_log
 from probe.dump.stats import torch_copy
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import guard
@@ -158,8 +157,6 @@ class OpCapture(base.ToolBase):
     def __init__(self, ops=None, disable_ops=None, condition_func=None, output_dir=None,
                  max_calls=None, backward=True, yaml_path=None, verbose=None):
         super().__init__(ops, disable_ops, condition_func, yaml_path, output_dir, verbose)
-        if self.verbose:
-            console_log.show_info()
         self.max_calls = max_calls
         self.backward = backward
         self.saved = []  # folders written

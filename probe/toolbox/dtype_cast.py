@@ -15,7 +15,6 @@ import os
 
 import torch
 
-from probe import console_log
 from probe.toolbox import base, options
 
 log = logging.getLogger(__name__)
@@ -31,8 +30,6 @@ class OpDtypeCast(base.ToolBase):
     def __init__(self, ops=None, disable_ops=None, condition_func=None, dtype_map=None,
                  op_dtype_maps=None, yaml_path=None, verbose=None, output_dir=None):
         super().__init__(ops, disable_ops, condition_func, yaml_path, output_dir, verbose)
-        if self.verbose:
-            console_log.show_info()
         self.dtype_map = options.pick(dtype_map, "OP_DTYPE_CAST_DICT", options.parse_dtype_map) \
             if not isinstance(dtype_map, dict) else options.parse_dtype_map(dtype_map)
         if self.dtype_map is None:

@@ -16,7 +16,6 @@ import logging
 
 import torch
 
-from probe import console_log
 from probe.toolbox import base
 
 log = logging.getLogger(__name__)
@@ -36,8 +35,6 @@ class OpFallback(base.ToolBase):
     def __init__(self, ops=None, disable_ops=None, condition_func=None, target="cpu",
                  yaml_path=None, verbose=None, output_dir=None):
         super().__init__(ops, disable_ops, condition_func, yaml_path, output_dir, verbose)
-        if self.verbose:
-            console_log.show_info()
         self.target = torch.device(target)
         self.calls = []   # (name, call_id, "fallback" | "on device: <why>")
 

@@ -15,7 +15,6 @@ import time
 
 import torch
 
-from probe import console_log
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import guard
 from probe.toolbox import base
@@ -72,8 +71,6 @@ class OpTimeMeasure(base.ToolBase):
     def __init__(self, ops=None, disable_ops=None, condition_func=None, output_dir=None,
                  warmup=1, sync=False, backward=True, top=20, yaml_path=None, verbose=None):
         super().__init__(ops, disable_ops, condition_func, yaml_path, output_dir, verbose)
-        if self.verbose:
-            console_log.show_info()
         self.warmup = warmup
         self.sync = sync
         self.backward = backward
