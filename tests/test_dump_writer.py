@@ -20,12 +20,17 @@ from probe.dump.encode import encode_entries, encode_value
     {"a": [None, 1, "x", True, 2.5e-7], "b": {}},
     {1: "a non-str key"},
     {"big": 2 ** 70},
+    {"output": [None, {"Max": 1.0, "Norm": 2.0}]},                     # a None gradient: null
+    {"output": [None, {"Max": float("nan"), "Norm": float("inf")}]},   # ... next to NaN/Infinity
+    {"input_args": [{"type": "float", "value": float("-inf")}, None]},
+    {"input_args": [{"type": "slice", "value": [float("nan"), None, None]}]},
 ])
 def test_encoded_value_parses_back_as_json_writes_it(value):
     text = encode_value(value).decode()
     assert json.loads(text) == json.loads(json.dumps(value))
-    if isinstance(value.get("Max"), float):
-        assert "NaN" in text and "-Infinity" in text and "null" not in text
+    expected = json.dumps(value)
+    assert ("NaN" in text, "Infinity" in text) == ("NaN" in expected, "Infinity" in expected)
+    assert text.count("null") == expected.count("null")
 
 
 def test_encoded_entries_are_one_a_line_and_append_to_a_data_object():
