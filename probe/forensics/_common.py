@@ -97,21 +97,6 @@ def write_json(path, obj):
     os.replace(tmp, path)
 
 
-def iter_tensors(value, path="", out=None):
-    """[(path, tensor)] of the tensors in nested lists/tuples/dicts, in argument order."""
-    if out is None:
-        out = []
-    if isinstance(value, torch.Tensor):
-        out.append((path, value))
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            iter_tensors(v, f"{path}.{i}" if path else str(i), out)
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            iter_tensors(v, f"{path}.{k}" if path else str(k), out)
-    return out
-
-
 def describe_tensor(t):
     """dtype/shape/stride/device of a tensor, without touching its values."""
     d = {"dtype": str(t.dtype), "shape": list(t.shape), "device": str(t.device)}

@@ -34,6 +34,7 @@ import torch
 
 from probe.forensics import hub as _hub
 from probe.forensics._common import format_frames, log, log_once, module_path, user_line, write_json
+from probe.tensor_tree import flat_tensors
 
 _MAX_NODES = 256           # a walk that goes further has left the call's own subgraph
 _KEY = "probe_forward_entry"
@@ -78,7 +79,7 @@ class BackwardOrigin(_hub.Feature):
             return None
         nodes = set()
         floor = -1
-        for t in _flat_tensors(call.args, call.kwargs):
+        for t in flat_tensors((call.args, call.kwargs)):
             if t.requires_grad and t.grad_fn is not None:
                 nodes.add(t.grad_fn)
                 seq = t.grad_fn._sequence_nr()
@@ -89,7 +90,7 @@ class BackwardOrigin(_hub.Feature):
     def after(self, call, state, out):
         if state is None:
             return
-        outs = [t for t in _flat_tensors((out,), {}) if t.requires_grad and t.grad_fn is not None]
+        outs = [t for t in flat_tensors(out) if t.requires_grad and t.grad_fn is not None]
         if not outs:
             return
         input_nodes, floor = state
@@ -259,20 +260,6 @@ def _outputs_finite(origin):
         return None
     with guard(), torch.no_grad():
         return all(bool(torch.isfinite(t.detach()).all()) for t in alive)
-
-
-def _flat_tensors(args, kwargs):
-    out = []
-    stack = [kwargs, args]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            stack.extend(reversed(v))
-        elif isinstance(v, dict):
-            stack.extend(reversed(list(v.values())))
-    return out
 
 
 def _new_nodes(outs, input_nodes, floor):
