@@ -394,3 +394,46 @@ def test_csv_rows_are_what_csv_writer_writes(tmp_path):
         assert g[:3] == e[:3]
         assert [float(x) if x else None for x in g[3:]] == pytest.approx(
             [float(x) if x else None for x in e[3:]], nan_ok=True)
+
+
+def test_device_statistics_reach_the_host_in_one_transfer_per_logged_step(tmp_path, monkeypatch):
+    """On an accelerator every statistic of a step stays on the device until one fetch.
+    The CPU summarises on the spot, so the accelerators' path (``stats.device_reductions``,
+    0-d device tensors) is taken for every tensor here; every host conversion made by
+    probe's code is counted: one ``tolist`` per logged step, none on the other steps."""
+    import collections
+    import sys
+
+    import probe
+    from probe.dump import stats
+    monkeypatch.setattr(stats, "reductions", stats.device_reductions)
+    probe_dir = os.path.dirname(probe.__file__)
+    calls = collections.Counter()
+
+    def count(name):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, **kwargs):
+            if sys._getframe(1).f_code.co_filename.startswith(probe_dir):
+                calls[name] += 1
+            return original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+    for name in ("tolist", "item", "__float__", "__bool__", "__int__", "__index__", "cpu", "numpy", "to"):
+        count(name)
+    model, opt, batches = make_gpt2()
+    per_step = []
+    with Monitor(output_dir=str(tmp_path), activations=True, update_ratio=True, grad_pre_reduction=True,
+                 interval=3) as mon:
+        mon.set_monitor(model, optimizer=opt)
+        for _ in range(9):
+            before = dict(calls)
+            train(model, opt, batches, 1)
+            per_step.append({k: v - before.get(k, 0) for k, v in calls.items() if v != before.get(k, 0)})
+    assert per_step == [{"tolist": 1}, {}, {}] * 3
+    rows = read_csv(tmp_path / "metrics_rank0.csv")
+    assert sorted({int(r["step"]) for r in rows}) == [0, 3, 6]
+    fc = [r for r in rows if r["name"] == LAYER]
+    assert len(fc) == 3 and all(float(r["output_norm"]) > 0 and float(r["input_max"]) > 0 for r in fc)
+    weights = [r for r in rows if r["name"] == LAYER + ".weight"]
+    assert all(float(r["weight_norm"]) > 0 and float(r["grad_norm_pre"]) > 0 and
+               float(r["exp_avg_sq_norm"]) > 0 and float(r["update_ratio"]) > 0 for r in weights)

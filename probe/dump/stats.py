@@ -67,6 +67,13 @@ def reductions(t):
             flat = None
         if flat is not None and flat.size:
             return _cpu_float_summary(t, flat)
+    return device_reductions(t)
+
+
+def device_reductions(t):
+    """The reductions of ``t`` started where it lives, as 0-d tensors (a ``Pending``):
+    no host sync until ``fetch``. The path of every accelerator tensor."""
+    dt = t.dtype
     if t.numel() == 0 or t.is_complex() or t.is_meta:
         return None
     t = t.detach()
