@@ -2,9 +2,10 @@
 
 The training thread collects entries and, at flush points (every ``_FLUSH_ENTRIES``
 entries, after ``_FLUSH_SECONDS``, at ``stop()``/``step()``), encodes them with orjson
-(``encode``). Task ``statistics``: it writes them itself, and the meta files (a hand-over
-to a thread would cost a GIL round trip per flush, more than the writes). With tensor
-files: one writer thread writes the files and the entries' bytes in one FIFO, so a flushed
+(``encode``). A writer thread makes each step's folder and files as the step starts,
+while it trains. Task ``statistics``: the training thread writes entries and meta files
+itself (a hand-over at a flush would cost a GIL round trip, more than the writes). With
+tensor files: the writer thread writes the files and the entries' bytes in one FIFO, so a flushed
 entry's file is already on disk; the queue is bounded in bytes, so when the disk falls
 behind the training thread waits rather than memory growing.
 
@@ -19,8 +20,8 @@ Failure semantics (a full disk, an unwritable folder):
   place) and nothing more is appended to that step's files;
 * stack.json and construct.json are rewritten in place, and written back as they were
   when that fails (a temp file and a rename per step cost ~1 ms on a busy disk);
-* a step's folder is made once the step runs (at its first write without tensor files;
-  by the writer thread after ``open_dir`` with them), never ahead of it: no folder exists
+* a step's folder is made once the step runs (by the writer thread after ``open_dir``,
+  at ``start()``), never ahead of it: no folder exists
   for a step that did not run; a folder whose files cannot even be created is removed.
 """
 import io
@@ -295,12 +296,12 @@ class DumpWriter:
         # completion callback of a communication thread: one at a time (~0.1 us, uncontended)
         self._entries_lock = threading.RLock()
         self._said = LogOnce(log)
-        # Without tensor files ("direct"), the training thread itself makes the step's folder
-        # at its first write and writes entries and meta files at flush points: each
-        # hand-over to a thread costs a GIL round trip (~60 us idle, up to milliseconds on a
-        # loaded machine), more than these few writes.
+        # The writer thread makes each step's folder and files as the step starts, while it
+        # trains (~9 system calls, 0.2-0.4 ms). Without tensor files ("direct") the training
+        # thread then writes entries and meta files itself at flush points: a hand-over
+        # there would cost a GIL round trip (~60 us idle, up to milliseconds on a loaded
+        # machine) that the flush waits for, more than these few writes.
         self._direct = False
-        self._target: Optional[_Open] = None       # direct: the step folder to make at first write
         self._trash: List[str] = []                # folders of earlier runs set aside
         self._current: Optional[_StepFiles] = None   # the open step's files (None: could not be made)
         self._opened = threading.Event()             # set by the writer thread once _Open is done
@@ -316,11 +317,8 @@ class DumpWriter:
         if self._direct:
             self._close_here()
         self._direct = not with_tensors
-        if self._direct:
-            self._target = _Open(rank_dir, with_tensors)
-        else:
-            self._opened.clear()
-            self._queue.put(_Open(rank_dir, with_tensors))
+        self._opened.clear()
+        self._queue.put(_Open(rank_dir, with_tensors))
 
     def add_entry(self, name, body):
         if _Process.pid != self._pid:   # a forked child must not write into the parent's files
@@ -354,8 +352,7 @@ class DumpWriter:
         """Block until everything is on disk."""
         self._flush_pending()
         if self._direct:
-            if self._target is not None:   # a step that wrote nothing still gets its folder
-                self._write_here(lambda files: None)
+            self._wait_open()     # a step that wrote nothing has its folder too
             return
         done = threading.Event()
         self._queue.put(_Sync(done))
@@ -371,18 +368,16 @@ class DumpWriter:
                 break
 
     def _write_here(self, write):
-        """Direct mode: ``write(files)`` in this thread, the folder made at the first one."""
+        """Direct mode: ``write(files)`` in this thread, once the writer thread has made them."""
+        self._wait_open()
         try:
-            target, self._target = self._target, None
-            if target is not None:
-                self._current = _StepFiles(target.rank_dir, self.header, target.with_tensors, self._trash)
             if self._current is not None:
                 write(self._current)
         except Exception as exc:  # never into the training script
             self._report(exc)
 
     def _close_here(self):
-        files, self._current, self._target = self._current, None, None
+        files, self._current = self._current, None
         if files is not None:
             files.close()
 
