@@ -177,6 +177,7 @@ class _StepFiles:
         parent = os.path.dirname(rank_dir)
         made_parent = _make_dir(parent)
         made = None              # the folder this call made, removed again on failure
+        fds = []
         try:
             if _make_dir(rank_dir):
                 made = rank_dir
@@ -189,6 +190,8 @@ class _StepFiles:
                 trash.append(aside)
                 os.rename(made, rank_dir)
         except BaseException:
+            for fd in fds:
+                os.close(fd)
             if made is not None:
                 shutil.rmtree(made, ignore_errors=True)
             if made_parent:   # no folder for a step whose files could not be made
