@@ -5,7 +5,7 @@ and flattener of tensor trees.
 module's arguments and outputs outside the API hot path: the toolbox (copy, cast, move),
 precheck's replay, the module-level dump (``dump.modules``, dataclass outputs such as HF
 ``ModelOutput`` opened field by field), the crash dump (tensors keyed as dump files name
-them) and the meta check. Containers are pytree's (lists, tuples, named tuples such as
+them), backward origin and the meta check. Containers are pytree's (lists, tuples, named tuples such as
 ``torch.return_types``, dicts); ``torch.Size`` is a leaf.
 
 One walker stays separate: ``hook_module.grad_capture.input_slots`` / ``output_slots``.

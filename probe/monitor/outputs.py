@@ -10,12 +10,10 @@
   different ranks never interleave).
 """
 import csv
-import io
 import json
 import os
 
-import orjson
-
+from probe.compare.xlsx.cells import csv_field, csv_numbers
 from probe.errors import ConfigError
 from probe.monitor.summaries import ACT_METRICS
 
@@ -55,8 +53,9 @@ class CsvOutput:
     """Rows of ``step,rank,name,<a column per metric>``, as ``csv.writer`` writes them.
 
     Where each value goes is worked out once per set of keys (a run repeats them every
-    logged step) and numbers are formatted by orjson (shortest round-trip text, like
-    ``repr``): ~4x cheaper than building dict rows for ``csv.writer`` each step.
+    logged step) and the texts are the compare CSV's (``compare.xlsx.cells``: floats by
+    orjson, shortest round-trip text): ~4x cheaper than building dict rows for
+    ``csv.writer`` each step.
     """
 
     def __init__(self, path, columns):
@@ -77,7 +76,7 @@ class CsvOutput:
                 slots.append(None)
                 continue
             slots.append((rows.setdefault(name, len(rows)), i))
-        self._names = [_csv_field(name) for name in rows]
+        self._names = [csv_field(name) for name in rows]
         self._slots = slots
         self._keys = list(keys)
 
@@ -86,7 +85,7 @@ class CsvOutput:
             self._layout(stats.keys)
         n = len(self.columns)
         cells = [[""] * n for _ in self._names]
-        for slot, text in zip(self._slots, _number_texts(stats.values)):
+        for slot, text in zip(self._slots, csv_numbers(stats.values)):
             if slot is not None:
                 cells[slot[0]][slot[1]] = text
         head = f"{stats.step},{stats.rank},"
@@ -95,25 +94,6 @@ class CsvOutput:
 
     def close(self):
         self.file.close()
-
-
-def _csv_field(text):
-    """``text`` as csv.writer writes it (quoted only when it must be)."""
-    buf = io.StringIO()
-    csv.writer(buf).writerow([text])
-    return buf.getvalue()[:-2]
-
-
-def _number_texts(values):
-    """Each value's text as csv.writer gives it (``repr``), by orjson's faster formatting;
-    NaN and infinities (orjson's "null") as ``repr`` writes them."""
-    try:
-        texts = orjson.dumps(values).decode()[1:-1].split(",") if values else []
-    except TypeError:            # not plain numbers (numpy scalars): as csv.writer has them
-        return [str(v) for v in values]
-    if "null" in texts:
-        texts = [repr(float(v)) if t == "null" else t for t, v in zip(texts, values)]
-    return texts
 
 
 class TensorBoardOutput:

@@ -155,15 +155,25 @@ def float_texts(col: list) -> list:
     return orjson.dumps(col)[1:-1].decode().split(",")
 
 
+def csv_numbers(values: list) -> list:
+    """The CSV fields of a list of numbers, as ``csv_field`` gives each, formatted at once
+    (``float_texts``) where they are plain ints and floats."""
+    try:
+        texts = float_texts(values) if values else []
+    except TypeError:            # not plain numbers (numpy scalars): one by one
+        return list(map(csv_field, values))
+    if _NULL in texts:           # None, NaN or an infinity
+        texts = [csv_field(v) if t == _NULL else t for t, v in zip(texts, values)]
+    return texts
+
+
 def _finite_floats(col: list):
     """The texts of a column of finite floats only (the cells' ``<v>`` texts, the CSV's
     fields), or None for any other column."""
     if not col or type(col[0]) is not float or set(map(type, col)) != {float}:
         return None
-    texts = orjson.dumps(col)
-    if b"null" in texts:
-        return None
-    return texts[1:-1].decode().split(",")
+    texts = float_texts(col)
+    return None if _NULL in texts else texts
 
 
 def repeats(col: list) -> bool:
