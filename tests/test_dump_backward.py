@@ -178,6 +178,27 @@ def test_api_whose_output_gets_no_gradient_has_no_backward_entry(dump_once):
     assert_summary(data["Torch.sin.0.backward"]["output"][0], torch.cos(x.detach()))
 
 
+def test_api_whose_nodes_run_in_part_is_finished_when_the_backward_pass_ends(dump_once):
+    """meshgrid's outputs come from one node per input; with only the first output used,
+    the second node never runs, so the entry is completed by the end of the pass (once
+    per pass, for every record it touched), in each of two passes."""
+    torch.manual_seed(0)
+    x = torch.randn(3, requires_grad=True)
+    y = torch.randn(4, requires_grad=True)
+
+    def run():
+        for k in (2.0, 5.0):
+            a, b = torch.meshgrid(x, y, indexing="ij")   # only a is used
+            (a * k).sum().backward()
+
+    data, _ = dump_once(run)
+    for n, k in enumerate((2.0, 5.0)):
+        entry = data[f"Torch.meshgrid.{n}.backward"]
+        assert_summary(entry["input"][0], torch.full((3, 4), k))
+        assert entry["input"][1] is None
+        assert_summary(entry["output"][0], torch.full((3,), 4 * k))
+        assert entry["output"][1] is None
+
 def test_sparse_gradient_does_not_break_backward(dump_once):
     w = torch.randn(10, 4, requires_grad=True)
     idx = torch.tensor([1, 2, 2])
