@@ -20,10 +20,20 @@ Its step time over the plain
 step is a floor for probe's ratio on the same machine: the targets below it cannot be met
 by tuning probe's own code. Timed as ``overhead.py`` times probe (blocks of steps off and
 on, medians). This is a measurement, not a test.
+
+The ``L1+rec`` row adds, at its cheapest, the per-entry work of a file in msprobe's
+format: a counted name, the call stack (probe's ``StackTable``), a dict per entry, one
+orjson encode per entry and one file write per step (dump.json and stack.json, in
+``/dev/shm`` where it exists). It still leaves out filters, crash bookkeeping, argument
+names and in-place handling. Its backward entries attribute gradients to each input in
+argument order, as the dump must (issue #2): probe's walk of the call's autograd nodes,
+the only way to do so without wrapping inputs. What probe spends beyond this row is its
+own machinery and those features.
 """
 import argparse
 import os
 import sys
+import tempfile
 
 import torch
 
@@ -31,16 +41,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
+import orjson  # noqa: E402
 import overhead  # noqa: E402  (bench/overhead.py: models, train step, timing)
 
 from probe.dump import (
     _cstats,  # noqa: E402
     stats,  # noqa: E402,F401  (sets up the compiled kernel)
 )
+from probe.dump.encode import stack_text  # noqa: E402
+from probe.dump.records import describe_value  # noqa: E402
+from probe.dump.stack import StackTable  # noqa: E402
+from probe.hook_module import grad_capture  # noqa: E402
 from probe.hook_module.interceptor import Interceptor, state  # noqa: E402
 from probe.hook_module.registry import load_registry, resolve  # noqa: E402
 
-TARGETS = {"L1": 1.3, "L0": 1.2, "mix": 1.4}   # issues #2 and #3, statistics, mid model
+TARGETS = {"L1": 1.3, "L0": 1.2, "mix": 1.4, "L1+rec": 3.0}   # issues #2, #3 (#22 for L1+rec), statistics, mid model
 
 
 class FloorDumper:
@@ -125,6 +140,62 @@ class FloorDumper:
         self.handles += [p.register_hook(param) for p in model.parameters()]
 
 
+class RecordsFloorDumper(FloorDumper):
+    """The L1 floor plus what every entry of an msprobe-format dump costs (see the top)."""
+
+    def __init__(self):
+        super().__init__("L1")
+        self.counters = {}
+        self.entries = []
+        self.stacks = StackTable()
+        root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        self.folder = tempfile.mkdtemp(prefix="probe_floor_", dir=root)
+
+    def step(self):
+        super().step()
+        data = b",\n".join(orjson.dumps(name) + b": " + orjson.dumps(body) for name, body in self.entries)
+        with open(os.path.join(self.folder, "dump.json"), "wb") as f:
+            f.write(b'{"task": "statistics", "level": "L1", "data": {\n' + data + b"\n}}\n")
+        with open(os.path.join(self.folder, "stack.json"), "wb") as f:
+            f.write(stack_text(self.stacks.parts()))
+        self.entries = []
+        self.counters.clear()
+        self.stacks.clear()
+
+    def _describe(self, value):
+        if isinstance(value, torch.Tensor):
+            return _cstats.summary(value, self.cache)
+        if isinstance(value, (list, tuple)):
+            return [self._describe(v) for v in value]
+        return describe_value(value)
+
+    def _api(self, name, func, args, kwargs):
+        n = self.counters.get(name, 0)
+        self.counters[name] = n + 1
+        base = f"{name}.{n}"
+        entry = {"input_args": [self._describe(a) for a in args],
+                 "input_kwargs": {k: self._describe(v) for k, v in kwargs.items()}}
+        self.stacks.capture(base + ".forward")
+        before = None
+        if torch.is_grad_enabled():
+            inputs = grad_capture.input_slots(args, kwargs)
+            if any(t is not None and t.requires_grad for t in inputs):
+                before = grad_capture.edges_before(inputs)
+        out = func(*args, **kwargs)
+        outs = out if isinstance(out, tuple) else (out,)
+        entry["output"] = [self._describe(o) for o in outs]
+        self.entries.append((base + ".forward", entry))
+        if before is not None:
+            bwd = base + ".backward"
+            grad_capture.hook_call(before, grad_capture.output_slots(out), len(inputs), self._grad_summary,
+                                   lambda out_grads, in_grads: self.entries.append(
+                                       (bwd, {"input": out_grads, "output": in_grads})))
+        return out
+
+    def _grad_summary(self, grad):
+        return _cstats.summary(grad, self.cache)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the 2-block model only, fewer steps")
@@ -133,8 +204,9 @@ def main():
     warmup, steps = (9, 45) if args.quick else (9, 90)
     print(f"{'model':<24}{'level':<6}{'off ms':>8}{'floor ms':>9}{'floor':>7}{'target':>8}")
     for model_name in models:
-        for level in ("L1", "L0", "mix"):
-            off, on, _ = overhead.time_steps(model_name, lambda: FloorDumper(level), warmup, steps, level)
+        for level in ("L1", "L1+rec", "L0", "mix"):
+            make = RecordsFloorDumper if level == "L1+rec" else (lambda: FloorDumper(level))
+            off, on, _ = overhead.time_steps(model_name, make, warmup, steps, level.split("+")[0])
             target = f"x{TARGETS[level]}" if model_name.startswith("mid d256 2blk") else "-"
             print(f"{model_name:<24}{level:<6}{off * 1e3:>8.2f}{on * 1e3:>9.2f}{on / off:>7.2f}{target:>8}", flush=True)
 
