@@ -28,7 +28,6 @@ from probe.hook_module.own_work import no_function_mode
 log = logging.getLogger(__name__)
 _MAX_NODES = 256          # a walk that goes further has left the call's own subgraph
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
-_AccumulateGrad = torch._C._functions.AccumulateGrad
 _reported = set()
 
 
@@ -58,36 +57,20 @@ class _quiet:
 
 class PendingGrads:
     """Grads gathered for one call while its backward runs."""
-    __slots__ = ("out_grads", "in_raw", "waiting", "done", "queued", "seen_grad", "on_done",
-                 "passthrough", "lock")
+    __slots__ = ("out_grads", "in_raw", "waiting", "done", "seen_grad", "on_done", "lock")
 
-    def __init__(self, n_out, n_in, waiting, seen_grad, on_done, passthrough):
+    def __init__(self, n_out, n_in, waiting, seen_grad, on_done):
         self.out_grads = [None] * n_out
         self.in_raw = [None] * n_in   # summed over every edge into that input
         self.waiting = waiting
         self.done = False
-        self.queued = False           # finished at the end of the backward pass, at the latest
         self.seen_grad = seen_grad
         self.on_done = on_done
-        self.passthrough = passthrough   # (output index, [input indices]): an input returned as is
         self.lock = threading.Lock()
 
     def add_input_grad(self, slots, grad):
         for i in slots:
             self.in_raw[i] = _add(self.in_raw[i], grad)
-
-    def take_outputs(self, grads, outs):
-        """Keep the gradients w.r.t. the call's outputs that node ``grads`` belong to."""
-        for nr, j, cut in outs:
-            g = grads[nr]
-            if g is None:
-                continue
-            if cut is not None:      # a view changed in place: its part of the base's gradient
-                g = _cut(g, cut)
-            self.out_grads[j] = self.seen_grad(g)
-            for jj, slots in self.passthrough:
-                if jj == j:
-                    self.add_input_grad(slots, g)
 
     def node_ran(self):
         with self.lock:
@@ -106,31 +89,6 @@ class PendingGrads:
             in_grads = [None if g is None else seen(g) for g in self.in_raw]
             self.in_raw = None
             self.on_done(self.out_grads, in_grads)
-
-
-# Records a backward pass has touched, by graph task: one callback per pass finishes those
-# whose nodes never ran (no gradient reached them), instead of one callback per record.
-_touched = {}
-_graph_task_id = torch._C._current_graph_task_id
-
-
-def _touch(pending):
-    """Called by a record's first hook: finish the record when this backward pass ends."""
-    pending.queued = True
-    task = _graph_task_id()
-    new = []
-    records = _touched.setdefault(task, new)   # one step under the GIL: one callback per task
-    records.append(pending)
-    if records is new:
-        try:
-            _queue_callback(lambda: _finish_task(task))
-        except RuntimeError:  # not inside a backward pass
-            del _touched[task]
-
-
-def _finish_task(task):
-    for pending in _touched.pop(task, ()):
-        pending.finish()
 
 
 def input_slots(args, kwargs):
@@ -197,22 +155,15 @@ def edges_before(inputs):
     edges = {}
     leaves = {}
     bases = {}
-    shared = False     # one tensor passed as several arguments (``x * x``)
     floor = _seq_floor.value
     for i, t in enumerate(inputs):
         if t is None or not t.requires_grad:
             continue
         fn = t.grad_fn
-        key = id(t) if fn is None else (fn, t.output_nr)
-        into = leaves if fn is None else edges
-        slots = into.get(key)
-        if slots is None:
-            into[key] = [i]
-        else:
-            slots.append(i)
-            shared = True
         if fn is None:
+            leaves.setdefault(id(t), []).append(i)
             continue
+        edges.setdefault((fn, t.output_nr), []).append(i)
         seq = fn._sequence_nr()
         if seq > floor:
             floor = seq
@@ -220,7 +171,7 @@ def edges_before(inputs):
             base = t._base
             if base.grad_fn is not None:
                 bases.setdefault((base.grad_fn, base.output_nr), []).append((i, _geometry(t, base)))
-    return edges, leaves, bases, floor, shared
+    return edges, leaves, bases, floor
 
 
 def _geometry(view, base):
@@ -263,7 +214,7 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
     None where no gradient flowed. Returns the PendingGrads, or None when no output of
     the call requires grad.
     """
-    edges, leaves, bases, floor, shared = before
+    edges, leaves, bases, floor = before
     out_nodes = {}  # node -> [(output_nr, output index, view geometry or None)]
     passthrough = []  # (output index, [input indices]) for outputs that are an input unchanged
     for j, t in enumerate(outputs):
@@ -272,53 +223,52 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
             if fn is None:  # a leaf returned as is (e.g. x.float() on a float leaf)
                 continue
             fn, nr, cut = _output_node(t, fn, floor)
-            outs = out_nodes.get(fn)
-            if outs is None:
-                out_nodes[fn] = [(nr, j, cut)]
-            else:
-                outs.append((nr, j, cut))
+            out_nodes.setdefault(fn, []).append((nr, j, cut))
             slots = edges.get((fn, nr)) if cut is None else None
             if slots is not None:
                 passthrough.append((j, slots))
     if not out_nodes:
         return None
-    top = _seq_floor.value
     for fn in out_nodes:
         seq = fn._sequence_nr()
-        if top < seq < (1 << 63):
-            top = seq
-    _seq_floor.value = top
+        if _seq_floor.value < seq < (1 << 63):
+            _seq_floor.value = seq
 
     boundary = {}  # node -> [(position in next_functions, [input indices])]
-    input_nodes = {node for node, _ in edges} if edges else ()
+    input_nodes = {node for node, _ in edges}
     views_links = []  # (node, position, [(input index, view geometry)]): in-place on a view
-    stack = [fn for fn in out_nodes if fn not in input_nodes]
-    seen = set(stack)
+    stack = []
+    seen = set()
+    for fn in out_nodes:
+        if fn not in input_nodes:
+            stack.append(fn)
+            seen.add(fn)
     while stack:
         node = stack.pop()
         links = []
-        for k, (nxt, nr) in enumerate(getattr(node, "next_functions", ())):
+        for k, (nxt, nr) in enumerate(node.next_functions):
             if nxt is None:
                 continue
             slots = edges.get((nxt, nr))
-            if slots is None and leaves and type(nxt) is _AccumulateGrad:
-                slots = leaves.get(id(nxt.variable))
+            if slots is None and leaves:
+                var = getattr(nxt, "variable", None)
+                if var is not None:
+                    slots = leaves.get(id(var))
             if slots is not None:
                 links.append((k, slots))
                 continue
-            if bases:
-                views = bases.get((nxt, nr))
-                if views is not None:
-                    views_links.append((node, k, views))
-                    continue
-            if nxt in seen or nxt._sequence_nr() <= floor:
+            views = bases.get((nxt, nr)) if bases else None
+            if views is not None:
+                views_links.append((node, k, views))
+                continue
+            if nxt in seen or nxt._sequence_nr() <= floor or not hasattr(nxt, "next_functions"):
                 continue
             if len(seen) >= max_nodes:
                 return None
             seen.add(nxt)
             stack.append(nxt)
         if links:
-            boundary[node] = _split_shared(links) if shared else links
+            boundary[node] = _split_shared(links)
     view_cuts = {}
     for node, k, views in views_links:
         boundary.setdefault(node, [])
@@ -326,8 +276,30 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
 
     # With no node of its own to wait for (an output that is an input returned as is,
     # x.float() on a float tensor), the record completes when its output grads arrive.
-    waiting = len(boundary) if boundary else sum(fn not in boundary for fn in out_nodes)
-    pending = PendingGrads(len(outputs), n_inputs, waiting, seen_grad, on_done, passthrough)
+    prehooked = [fn for fn in out_nodes if fn not in boundary]
+    waiting = len(boundary) if boundary else len(prehooked)
+    pending = PendingGrads(len(outputs), n_inputs, waiting, seen_grad, on_done)
+    queued = []
+
+    def ensure_finish_queued():
+        # Nodes that never run (no gradient reached them) must not hold the record back.
+        if not queued:
+            queued.append(True)
+            try:
+                _queue_callback(pending.finish)
+            except RuntimeError:  # not inside a backward pass
+                pass
+
+    def take_outputs(grads, outs):
+        for nr, j, cut in outs:
+            g = grads[nr]
+            if g is not None and cut is not None:      # a view changed in place: its
+                g = _cut(g, cut)                        # part of the base's gradient
+            if g is not None:
+                pending.out_grads[j] = seen_grad(g)
+                for jj, slots in passthrough:
+                    if jj == j:
+                        pending.add_input_grad(slots, g)
 
     for fn, outs in out_nodes.items():
         if fn in boundary:
@@ -335,21 +307,19 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
 
         def pre_hook(grad_outputs, outs=outs):
             with _quiet():
-                if not pending.queued:
-                    _touch(pending)
-                pending.take_outputs(grad_outputs, outs)
+                ensure_finish_queued()
+                take_outputs(grad_outputs, outs)
             if not boundary:
                 pending.node_ran()
         fn.register_prehook(pre_hook)
 
     for node, links in boundary.items():
         def post_hook(grad_inputs, grad_outputs, links=links, outs=out_nodes.get(node),  # noqa: B008
-                      cuts=view_cuts.get(node, ()) if view_cuts else ()):  # noqa: B008  (bound once: the hook runs per gradient)
+                      cuts=view_cuts.get(node, ())):  # noqa: B008  (bound once: the hook runs per gradient)
             with _quiet():
-                if not pending.queued:
-                    _touch(pending)
+                ensure_finish_queued()
                 if outs is not None:
-                    pending.take_outputs(grad_outputs, outs)
+                    take_outputs(grad_outputs, outs)
                 for k, slots in links:
                     g = grad_inputs[k]
                     if g is not None:
