@@ -1,6 +1,7 @@
 """Whole runs: a real 2-rank data-parallel training (gloo, one process per rank, a tiny
 transformer, 3 steps dumped on both ranks), faults on rank 1 at step 1, one answer for
 the run; local worker processes, a Dask LocalCluster, Parquet, check-ranks."""
+import gc
 import json
 import logging
 import os
@@ -60,6 +61,7 @@ def _cli(argv, capsys, caplog):
     caplog.set_level(logging.INFO, logger="probe")
     caplog.clear()
     rc = main(argv)
+    assert gc.isenabled()     # the command pauses the collector, and gives it back
     said = "\n".join(r.getMessage() for r in caplog.records if r.name == "probe.compare.api")
     return rc, capsys.readouterr().out, said
 

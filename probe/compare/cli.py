@@ -32,13 +32,17 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    import gc
+    from .reader import gc_paused
+    # No cyclic collection for the whole command, not only inside compare_pair: re-enabled
+    # there while the results are still held, the first collection walked millions of small
+    # acyclic objects (~0.6 s on the 100k-entry pair of bench/compare.py). Restored on
+    # return, by when they are gone: a caller of ``probe.cli.main`` keeps its collector.
+    with gc_paused():
+        return _run(args)
 
+
+def _run(args) -> int:
     from .api import compare, compare_distributed
-    # The command's process ends with the compare and holds millions of small acyclic
-    # objects: no cyclic collection at all (compare_pair pauses it and, re-enabled, the
-    # first collection walked them all: ~0.6 s on the 100k-entry pair of bench/compare.py)
-    gc.disable()
     kw = {"stack_mode": args.stack_mode, "fuzzy_match": args.fuzzy_match,
           "align": {"auto": None, "on": True, "off": False}[getattr(args, "align", "auto")],
           "replay": getattr(args, "replay", None), "html": not getattr(args, "no_html", False)}
