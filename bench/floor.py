@@ -32,6 +32,7 @@ own machinery and those features.
 """
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 
@@ -206,7 +207,9 @@ def main():
     for model_name in models:
         for level in ("L1", "L1+rec", "L0", "mix"):
             make = RecordsFloorDumper if level == "L1+rec" else (lambda: FloorDumper(level))
-            off, on, _ = overhead.time_steps(model_name, make, warmup, steps, level.split("+")[0])
+            off, on, dumper = overhead.time_steps(model_name, make, warmup, steps, level.split("+")[0])
+            if isinstance(dumper, RecordsFloorDumper):
+                shutil.rmtree(dumper.folder, ignore_errors=True)
             target = f"x{TARGETS[level]}" if model_name.startswith("mid d256 2blk") else "-"
             print(f"{model_name:<24}{level:<6}{off * 1e3:>8.2f}{on * 1e3:>9.2f}{on / off:>7.2f}{target:>8}", flush=True)
 
