@@ -18,29 +18,35 @@ part of a generated script that imports only torch.)
 import dataclasses
 
 import torch
-from torch.utils._pytree import (
-    GetAttrKey,
-    MappingKey,
-    SequenceKey,
-    tree_flatten,
-    tree_flatten_with_path,
-    tree_map_only,
-)
+from torch.utils import _pytree as pytree
+
+from probe.torch_compat import TORCH
+
+# torch 2.1 has no key paths and no ``is_leaf``; there ``torch.Size`` is a leaf already
+# (only exact tuples, lists, dicts and named tuples are containers).
+_KEY_PATHS = hasattr(pytree, "tree_flatten_with_path")
 
 
 def _is_size(x):
     return type(x) is torch.Size   # pytree would rebuild it as a plain tuple
 
 
+_LEAF = {"is_leaf": _is_size} if TORCH >= (2, 2) else {}
+
+
+def tree_flatten(value):
+    return pytree.tree_flatten(value, **_LEAF)
+
+
 def map_tensors(fn, value):
     """``value`` with every tensor replaced by ``fn(tensor)``, structure kept."""
-    return tree_map_only(torch.Tensor, fn, value, is_leaf=_is_size)
+    return pytree.tree_map_only(torch.Tensor, fn, value, **_LEAF)
 
 
 def flat_tensors(value, dataclasses_too=False):
     """Every tensor inside ``value``, depth first, in argument order. ``dataclasses_too``:
     a dataclass instance that pytree keeps whole is opened, its fields in order."""
-    leaves, _ = tree_flatten(value, is_leaf=_is_size)
+    leaves, _ = tree_flatten(value)
     out = []
     for x in leaves:
         if isinstance(x, torch.Tensor):
@@ -54,18 +60,32 @@ def keyed_tensors(value):
     """``(keys, tensor)`` for every tensor inside ``value``, depth first: ``keys`` is the
     tuple of positions (int) and dict keys leading to it from ``value``. A named tuple's
     field is keyed by its position, as dump files number a tuple's elements."""
-    leaves, _ = tree_flatten_with_path(value, is_leaf=_is_size)
+    if not _KEY_PATHS:
+        return list(_walk_keys(value, ()))
+    leaves, _ = pytree.tree_flatten_with_path(value, is_leaf=_is_size)
     return [(_plain_keys(value, path), x) for path, x in leaves if isinstance(x, torch.Tensor)]
+
+
+def _walk_keys(value, keys):
+    """keyed_tensors for torch 2.1's pytree, whose containers are these four."""
+    if isinstance(value, torch.Tensor):
+        yield keys, value
+    elif type(value) in (list, tuple) or (isinstance(value, tuple) and hasattr(value, "_fields")):
+        for i, v in enumerate(value):
+            yield from _walk_keys(v, keys + (i,))
+    elif type(value) is dict:
+        for k, v in value.items():
+            yield from _walk_keys(v, keys + (k,))
 
 
 def _plain_keys(value, path):
     keys = []
     for k in path:
-        if isinstance(k, SequenceKey):
+        if isinstance(k, pytree.SequenceKey):
             keys.append(k.idx)
-        elif isinstance(k, MappingKey):
+        elif isinstance(k, pytree.MappingKey):
             keys.append(k.key)
-        elif isinstance(k, GetAttrKey):
+        elif isinstance(k, pytree.GetAttrKey):
             fields = getattr(type(value), "_fields", None)
             keys.append(fields.index(k.name) if fields and k.name in fields else k.name)
         else:   # a type registered with pytree by another library

@@ -1,7 +1,12 @@
-"""A torch.compile'd model trained under the debugger: dynamo never traces probe's code
-(no recompiles or warnings from it), training is bitwise the run without the debugger,
-and the calls that run eagerly (the loss, the optimizer, the backward's entry) are dumped."""
+"""A torch.compile'd model trained under the debugger: of probe's code dynamo traces only
+the function mode's first lines (``is_compiling()`` folds to True there and the plain torch
+call goes into the graph), no recompiles or warnings come from it, training is bitwise the
+run without the debugger, and the calls that run eagerly (the loss, the optimizer, the
+backward's entry) are dumped."""
+import inspect
 import logging
+import os
+import re
 
 import pytest
 
@@ -10,6 +15,45 @@ dynamo = pytest.importorskip("torch._dynamo")
 from conftest import load_dump  # noqa: E402
 from models import make_gpt, train_step  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
+
+import probe  # noqa: E402
+from probe.hook_module import interceptor  # noqa: E402
+
+# probe's package folder, not the clone's: a clone in a folder named "probe" holds the tests too
+PACKAGE = os.path.dirname(os.path.abspath(probe.__file__)) + os.sep
+
+
+def _mode_lines_dynamo_may_trace():
+    """The mode's lines up to and including its ``is_compiling()`` early return."""
+    lines, first = inspect.getsourcelines(interceptor._Mode.__torch_function__)
+    end = next(i for i, text in enumerate(lines) if "_is_compiling()" in text) + 1
+    return {first + i for i in range(end + 1)}
+
+
+class _DynamoLog(logging.Handler):
+    """Everything dynamo logs at DEBUG, its trace and guard artifacts included (they do not
+    reach pytest's caplog: torch's loggers do not propagate to the root)."""
+
+    def __enter__(self):
+        self.messages = []
+        self.logger = logging.getLogger("torch._dynamo")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.DEBUG)
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level)
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _probe_lines_traced(messages):
+    """(file, line) of probe's code in dynamo's trace log."""
+    pattern = re.compile(re.escape(PACKAGE) + r"(\S+?\.py):(\d+)")
+    return {(m.group(1), int(m.group(2))) for msg in messages for m in pattern.finditer(msg)}
 
 
 def _train(make_debugger=None, steps=3, level="L1", give=None):
@@ -33,15 +77,22 @@ def _train(make_debugger=None, steps=3, level="L1", give=None):
 
 def test_compiled_model_under_debugger(make_debugger, dump_dir, caplog):
     plain_losses, plain_params, plain_frames = _train()
-    with caplog.at_level(logging.DEBUG, logger="torch._dynamo"):
+    with caplog.at_level(logging.WARNING), _DynamoLog() as dynamo_log:
         losses, params, frames = _train(make_debugger)
     # dynamo compiled the model's frame and nothing of probe's: no graph break, no recompile
     assert frames == plain_frames, (frames, plain_frames)
     assert all(torch.equal(a, b) for a, b in zip(plain_losses, losses))
     assert all(torch.equal(a, b) for a, b in zip(plain_params, params))
-    noise = [r.getMessage() for r in caplog.records
-             if r.levelno >= logging.WARNING or "probe" in r.getMessage()]
+    noise = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not noise, noise[:3]
+    # dynamo inlines the mode's entry (it is on the mode stack) and stops at the early
+    # return: nothing else of probe's is traced, so no guard or graph node comes from it
+    traced = _probe_lines_traced(dynamo_log.messages)
+    allowed = {("hook_module/interceptor.py".replace("/", os.sep), n) for n in _mode_lines_dynamo_may_trace()}
+    assert traced and traced <= allowed, sorted(traced - allowed)
+    # its guards on probe: the module and is_compiling, which never change (no recompile)
+    guarded = {m.group(1) for msg in dynamo_log.messages for m in re.finditer(r"source=G\['([^']*probe[^']*)'\]([.\w]*)", msg)}
+    assert guarded <= {"__import_probe_dot_hook_module_dot_interceptor"}, guarded
     for step in range(3):
         data = load_dump(dump_dir, step=step)
         # eager: the loss and its backward, the optimizer's updates

@@ -177,3 +177,46 @@ def test_patches_go_after_the_last_step_to_dump(dump_dir):
         dbg.step()
         assert dict(vars(torch.Tensor)) == before, step   # ... to its step(): no dump next
     dbg.close()
+
+
+def test_on_a_python_whose_instructions_are_not_read_operators_are_named_as_their_method(
+        make_debugger, dump_dir, monkeypatch, caplog):
+    """On a Python outside ``BYTECODE_PYTHONS`` (forced here on the one that runs the suite)
+    ``a + b`` is named as the method it runs, arguments keep torch's dispatch form, the
+    reflected ``2 * a`` (a patch, no instruction read) keeps its dunder, and the log says
+    so once for every debugger made."""
+    from probe import python_compat
+    monkeypatch.setattr(python_compat, "READS_BYTECODE", False)
+    monkeypatch.setattr(operators, "_fallback_said", [])
+    a, b = torch.randn(3), torch.randn(3)
+    with caplog.at_level("WARNING", logger="probe"):
+        for _ in range(2):
+            dbg = make_debugger()
+            dbg.start()
+            a + b
+            2 * a
+            torch.nn.functional.softmax(a, -1)
+            dbg.stop()
+            dbg.step()
+    data = load_dump(dump_dir)
+    assert list(data) == ["Tensor.add.0.forward", "Tensor.__rmul__.0.forward", "Functional.softmax.0.forward"]
+    # dispatch form: softmax(a, -1) arrives as softmax(a, -1, _stacklevel=..., dtype=...)
+    assert set(data["Functional.softmax.0.forward"]["input_kwargs"]) >= {"dtype"}
+    said = [r.getMessage() for r in caplog.records if "instructions are not ones probe reads" in r.getMessage()]
+    assert len(said) == 1 and "Tensor.add" in said[0], said
+
+
+def test_arguments_are_recorded_as_written_where_instructions_are_read(make_debugger, dump_dir):
+    """The counterpart of the fallback above: on a Python probe reads, ``a + b`` is msprobe's
+    ``Tensor.__add__`` and ``softmax(a, -1)`` has the two arguments written."""
+    a, b = torch.randn(3), torch.randn(3)
+    dbg = make_debugger()
+    dbg.start()
+    a + b
+    torch.nn.functional.softmax(a, -1)
+    dbg.stop()
+    dbg.step()
+    data = load_dump(dump_dir)
+    assert list(data) == ["Tensor.__add__.0.forward", "Functional.softmax.0.forward"]
+    assert len(data["Functional.softmax.0.forward"]["input_args"]) == 2
+    assert data["Functional.softmax.0.forward"]["input_kwargs"] == {}

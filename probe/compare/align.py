@@ -26,6 +26,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from .rows import Row
+from probe.python_compat import SLOTS
 
 INDEL = 1.0                 # cost of leaving one call unpaired
 NO_PAIR = math.inf          # different APIs never pair one-to-one
@@ -35,7 +36,7 @@ MAX_BAND_CELLS = 4_000_000  # beyond that the stretch pairs calls of each API in
 GROUP_LINK = 0.2            # statistics distance below which tensors of a group pair up
 
 
-@dataclass(slots=True)
+@dataclass(**SLOTS)
 class Call:
     """One dump.json entry of one side, summarised for alignment."""
     entry: str

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from itertools import repeat
 
 from .rows import Row
+from probe.python_compat import SLOTS
 
 # Functional.linear.3.forward -> counter "3"; Module.a.Linear.forward.0 -> "0";
 # Module.a.Linear.parameters_grad[.0]
@@ -25,7 +26,7 @@ _API = re.compile(r"^(?P<api>.+?)\.(?P<n>\d+)\.(?P<dir>forward|backward)$")
 _MODULE = re.compile(r"^(?P<api>Module\..+?)\.(?P<dir>forward|backward|parameters_grad)(?:\.(?P<n>\d+))?$")
 
 
-@dataclass(slots=True)
+@dataclass(**SLOTS)
 class Pair:
     npu: Row | None
     bench: Row | None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from probe.python_compat import SLOTS
 
 _IO_KEYS = (("input_args", "input"), ("input_kwargs", "input"), ("input", "input"),
             ("parameters", "parameters"), ("output", "output"))
@@ -16,7 +17,7 @@ _ORDER = {"input": 0, "parameters": 1, "output": 2, "parameters_grad": 3}
 _NAN = float("nan")
 
 
-@dataclass(slots=True)
+@dataclass(**SLOTS)
 class Row:
     """One comparable item of one side."""
     name: str

@@ -11,12 +11,15 @@ Where it cannot be read (``f(*args)``, other interpreters), the dispatch form is
 A bound method's CALL does not count its object: ``h.split(3, dim=2)`` is CALL 2 with one
 keyword, and ``Tensor.split`` gets ``(h, 3)`` plus ``dim``. The instruction that loaded
 the callable (found by walking back over the arguments' stack effects) tells
-``h.split(...)`` from ``torch.Tensor.split(h, ...)``. Bytecode layouts of CPython 3.9 to
-3.13 are handled; only 3.11 is tested (``requires-python``).
+``h.split(...)`` from ``torch.Tensor.split(h, ...)``. Instructions are read by name for
+CPython 3.9 to 3.13 (``python_compat.BYTECODE_PYTHONS``); on another Python the dispatch
+form is kept (operators.py says so once in the log).
 """
 import dis
 import inspect
 import sys
+
+from probe import python_compat
 
 _CALL_OPS = {dis.opmap[name] for name in ("CALL", "CALL_KW", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD") if name in dis.opmap}
 _KW_NAMES = dis.opmap.get("KW_NAMES")
@@ -44,6 +47,8 @@ class _Plan:
 
 def as_called(func, args, kwargs, api_frame_limit=8):
     """``(args, kwargs)`` re-split the way the caller of ``func`` wrote the call."""
+    if not python_compat.READS_BYTECODE:
+        return args, kwargs
     names = _params.get(func, False)
     if names is False:
         names = _params[func] = _param_names(func)

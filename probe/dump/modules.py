@@ -26,9 +26,9 @@ from probe.hook_module.interceptor import state
 from probe.hook_module.own_work import no_function_mode
 from probe.log_once import LogOnce
 from probe.tensor_tree import flat_tensors
+from probe.torch_compat import is_compiling as _is_compiling
 
 # Dynamo traces module hooks inside a compiled model: they return at once there.
-_is_compiling = torch.compiler.is_compiling
 _said = LogOnce(logging.getLogger(__name__))
 
 

@@ -45,6 +45,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from probe.hook_module import collectives
+from probe.torch_compat import is_compiling as _is_compiling
 
 
 class _ThreadState(threading.local):
@@ -113,9 +114,6 @@ class _Mode(TorchFunctionMode):
 
 
 _FunctionType = types.FunctionType
-# Dynamo folds this call to True while it traces (no guard), so a compiled region gets
-# the plain torch call and none of probe's bookkeeping: no recompiles on probe's code.
-_is_compiling = torch.compiler.is_compiling
 _HANDLE_CODE = torch.overrides.handle_torch_function.__code__
 _by_code = {}   # code (or replacement function) met in place of torch's function -> torch's function
 

@@ -20,10 +20,15 @@ same function and instruction as ``a + 2``) and ``abs(a)`` (a ``CALL``, as ``a.a
 named as the method they run (``Tensor.div``).
 """
 import dis
+import logging
 import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from probe import python_compat
+
+log = logging.getLogger(__name__)
 
 # dunder -> the operator symbol at its call site ("u-" etc.: unary operators)
 SYMBOLS = {
@@ -116,6 +121,7 @@ class OperatorNames:
 
     def __init__(self, dunders):
         self.by_impl = {}    # implementation -> {symbol: "Tensor.__add__" or None}
+        self.reads_instructions = python_compat.READS_BYTECODE
         self.itself = {}     # the dunder's own function -> name (the mode sees it as itself)
         self.patched = {}    # dunder -> name: no call site tells it apart
         claims = {}          # (implementation, symbol) -> [dunder, ...]
@@ -134,12 +140,15 @@ class OperatorNames:
                     self.patched[dunder] = full
             else:
                 claims.setdefault((impl, symbol), []).append(dunder)
+        if not self.reads_instructions and claims:
+            _say_fallback()   # no table: the mode names ``a + b`` as the method it runs
         for (impl, symbol), owners in claims.items():
             forward = [d for d in owners if not d.startswith("__r")]
             keep = forward[0] if len(forward) == 1 else (owners[0] if len(owners) == 1 else None)
             for d in owners:
                 if d == keep:
-                    self.by_impl.setdefault(impl, {})[symbol] = dunders.get(d)
+                    if self.reads_instructions:
+                        self.by_impl.setdefault(impl, {})[symbol] = dunders.get(d)
                 elif d in dunders:   # 2 + a and a + 2: same function, same instruction
                     self.patched[d] = dunders[d]
 
@@ -149,6 +158,18 @@ class OperatorNames:
         if table is None:
             return default
         return table.get(_caller_symbol(), default)
+
+
+_fallback_said = []
+
+
+def _say_fallback():
+    if not _fallback_said:
+        _fallback_said.append(True)
+        log.warning("probe: Python %d.%d's instructions are not ones probe reads (it reads %s): operators are "
+                    "named as the method they run (a + b is Tensor.add, msprobe's Tensor.__add__) and "
+                    "arguments are recorded as torch dispatches them", *sys.version_info[:2],
+                    ", ".join("%d.%d" % v for v in python_compat.BYTECODE_PYTHONS))
 
 
 # ---- reading the calling instruction -------------------------------------------------

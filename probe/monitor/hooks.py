@@ -27,9 +27,9 @@ from probe.dump.stats import SummaryCache
 from probe.hook_module.interceptor import guard
 from probe.monitor.records import StepStats
 from probe.monitor.summaries import ACT_METRICS, StepBuffer, norms
+from probe.torch_compat import is_compiling as _is_compiling
 
 log = logging.getLogger(__name__)
-_is_compiling = torch.compiler.is_compiling
 
 # phases of a step, in the order things happen
 FORWARD, BACKWARD, REDUCED, OPTIMIZER = 0, 1, 2, 3

@@ -1,0 +1,17 @@
+"""What differs between the torch versions probe supports, in one place.
+
+probe declares ``torch>=2.1`` (torch_npu's oldest maintained line); CI runs the whole
+suite on torch 2.1 and 2.13. Everything a newer torch added that probe leans on is looked
+up here once, with what stands in for it on an older one; a feature that cannot work
+there says so in one log line where it is used (see ``TORCH``'s users).
+
+    from probe.torch_compat import is_compiling, TORCH
+    if TORCH < (2, 4): ...
+"""
+import torch
+
+TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+# Dynamo folds both to True while it traces (2.1-2.2: torch._utils.is_compiling is in
+# its table of constant functions), so a compiled region gets the plain torch call.
+is_compiling = getattr(torch.compiler, "is_compiling", None) or torch._utils.is_compiling
