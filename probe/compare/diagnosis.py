@@ -36,7 +36,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from . import draws
 from . import verdict as vd
+from .draws import DrawCheck
 from .local_error import LocalError, Replays
 from .rows import direction
 
@@ -46,6 +48,15 @@ AGREE = 1e-4        # inputs closer than this (fp32's tolerance) agree, for the 
 NOISE_FACTOR = 4.0   # with a noise floor, error must also exceed NOISE_FACTOR x the noise
 N_SUSPECTS = 5
 N_STATE = 5          # differing outside inputs listed by name
+# The NPU side's precision per API, measured on the run (see _device_precision):
+MIN_POPULATION = 3   # calls of one API (or of the matrix-unit family) needed to measure it
+MOST = 0.5           # more than this fraction of them beyond a correct CPU kernel: the device's
+STAND_OUT = 4.0      # a call is blamed when its excess is this many times its API's typical one
+PLAUSIBLE = 1e-2     # a typical local error above this is no device's precision but a fault
+# APIs computed on a device's matrix units (TF32/HF32, split-K blocking): one population
+MATRIX_UNIT = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "addbmm", "baddbmm", "__matmul__",
+                         "__rmatmul__", "einsum", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+                         "conv_transpose2d", "conv_transpose3d", "scaled_dot_product_attention", "Conv1D"})
 _LOW_PRECISION = ("bfloat16", "float16")
 
 
@@ -71,6 +82,11 @@ class CallDiag:
     phase: str = ""                # "optimizer" for calls after the step's last backward call
     local: LocalError | None = None    # the call re-run on the NPU's inputs (tensor dumps)
     exact_api: bool = False        # a selection, copy or conversion: adds no error of its own
+    draw: DrawCheck | None = None  # a random call, judged by its law (draws.py)
+    api_key: str = ""              # the API and direction ("Torch.addmm.forward"): its population
+    device_excess: float | None = None   # the typical excess of this call's API on the NPU side
+    device_error: float | None = None    # ... and its typical local error
+    extremes_off: bool = False     # statistics: its output's Max/Min are not its function of its input's
 
     @property
     def name(self) -> str:
@@ -95,8 +111,13 @@ class CallDiag:
     @property
     def score(self) -> float:
         """How far the output error exceeds what came in (and the threshold): for ranking.
-        With a replay: how far the local error exceeds what a correct kernel adds."""
+        With a replay: how far the local error exceeds what a correct kernel adds (and the
+        NPU side's measured precision for its API, where one was measured)."""
+        if self.draw is not None:
+            return math.inf if self.draw.broken else 0.0
         if self.local is not None:
+            if self.device_error:
+                return max(self.local.local, abs(self.local.bias)) / self.device_error
             return self.local.ratio
         if self.output_error is None:
             return 0.0
@@ -105,7 +126,24 @@ class CallDiag:
     @property
     def reason(self) -> str:
         """One sentence: why this call is judged as it is."""
+        if self.draw is not None:
+            return self.draw.reason
+        if self.extremes_off:
+            return ("its output's Max and Min are not what its function gives for its own input's Max and "
+                    f"Min: the kernel computes something else (its output differs by {self.output_error:.3g})")
+        if self.status == "can't tell":
+            return (f"its output statistics differ by {self.output_error:.3g} where its inputs' differ by "
+                    f"{self.input_error or 0.0:.3g}: Max/Min/Mean/Norm cannot tell whether it amplified "
+                    f"that difference or made its own (a tensor dump re-runs it on its inputs)")
         if self.local is not None:
+            if self.device_excess and self.status != "introduces":
+                return (f"re-run on its own inputs, its output is off by {self.local.local:.3g}, "
+                        f"{self.local.ratio:.3g}x a correct CPU kernel's, as every call of {self.api_key} is "
+                        f"on the NPU side (typically {self.device_excess:.3g}x): the device's precision")
+            if self.device_excess and self.status == "introduces" and not self.local.biased:
+                return (f"re-run on its own inputs, its output is off by {self.local.local:.3g}: "
+                        f"{self.score:.3g}x the NPU side's typical error for its API "
+                        f"({self.device_error:.2g}, {self.local.ratio:.3g}x a correct CPU kernel's)")
             return self.local.reason()
         if self.status == "introduces":
             return (f"its output differs by {self.output_error:.3g} where its inputs differ by "
@@ -165,6 +203,34 @@ class Diagnosis:
     drift: Drift | None = None
     replayed: int = 0                 # calls judged by their replay
     low_precision: str | None = None  # "bfloat16" when the NPU side computed in it
+    draws: Draws | None = None        # random calls, and whether the two runs drew alike
+    device: list = field(default_factory=list)   # DevicePrecision: what the NPU side's APIs add
+
+
+@dataclass
+class Draws:
+    """The random calls of the step (draws.py), judged by their law."""
+    calls: int                        # random calls
+    differ: int                       # of them, whose output differs from the bench's
+    first_differing: str | None       # the first of those
+    unjudged: list = field(default_factory=list)   # draws no law is checked for (attention's)
+
+
+@dataclass
+class DevicePrecision:
+    """What most calls of one API add on the NPU side beyond a correct CPU kernel."""
+    api: str                          # "Torch.addmm.forward", or "matrix units" for the family
+    calls: int                        # calls measured
+    typical_error: float              # median local error (relative)
+    typical_excess: float             # median of local error / a correct kernel's error
+
+    @property
+    def text(self) -> str:
+        like = " (TF32/HF32-like matrix units)" if self.api == "matrix units" and self.typical_excess > 100 \
+            else " (another reduction order)" if self.typical_excess < 100 else ""
+        return (f"{self.api} on the NPU side: ~{self.typical_error:.2g} relative on {self.calls} calls, "
+                f"{self.typical_excess:.3g}x a correct CPU kernel's error{like}: the device's precision, "
+                f"not a fault at one call")
 
 
 def _f(x):
@@ -374,24 +440,94 @@ def _mark(calls):
         api = parse_name(u.name)
         if api is not None:
             u.exact_api = api.exact if u.direction == "forward" else api.exact_backward
+            u.api_key = f"{api.qualified}.{api.phase}"
 
 
-def _judge(u: CallDiag, jump: float):
+def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | None = None):
+    if extremes is False and u.status not in ("unmatched", "not compared"):
+        u.status, u.extremes_off = "introduces", True
+        return
+    if u.draw is not None:              # a random call: its law, not the bench's draw
+        u.status = "introduces" if u.draw.broken else "draw"
+        return
     if u.status in ("unmatched", "not compared"):
+        if u.local is not None and u.local.introduces and _stands_out(u):
+            u.status = "introduces"     # judged on its own inputs: no partner needed
         return
     beyond = u.output_error is not None and u.output_error > u.threshold
     if u.local is not None:
-        local = u.local.introduces and u.local.local > NOISE_FACTOR * (u.noise or 0.0)
+        local = u.local.introduces and u.local.local > NOISE_FACTOR * (u.noise or 0.0) and _stands_out(u)
         u.status = "introduces" if local else ("inherits" if beyond else "clean")
         return
     if not beyond:
         u.status = "clean"
     elif (u.exact_api or u.phase == "optimizer") and (u.input_error or 0.0) > AGREE:
         u.status = "inherits"           # cannot add error of its own / normalises what came in
+    elif statistics and u.exact_api:
+        u.status = "can't tell"         # a selection adds no error; its statistics moved anyway
     elif u.output_error > jump * (u.input_error or 0.0):
-        u.status = "introduces"
+        # From four statistics a call whose inputs already differ may have amplified that
+        # (sqrt near 0, a division by a small spread) as well as made error of its own;
+        # one whose extremes are its function of its inputs' did compute that function.
+        amplified = (u.input_error or 0.0) > u.input_threshold or (extremes and u.input_error)
+        u.status = "can't tell" if statistics and amplified else "introduces"
     else:
         u.status = "inherits"
+
+
+# Elementwise APIs that keep or reverse order: the NPU side's output extremes must be the
+# function of its own input extremes (statistics mode's re-run). +1 increasing, -1 decreasing.
+MONOTONE = {"sqrt": ("sqrt", 1), "sqrt_": ("sqrt", 1), "rsqrt": ("rsqrt", -1), "rsqrt_": ("rsqrt", -1),
+            "exp": ("exp", 1), "exp_": ("exp", 1), "log": ("log", 1), "log_": ("log", 1),
+            "tanh": ("tanh", 1), "tanh_": ("tanh", 1), "sigmoid": ("sigmoid", 1), "sigmoid_": ("sigmoid", 1),
+            "relu": ("relu", 1), "relu_": ("relu", 1), "neg": ("neg", -1), "__neg__": ("neg", -1),
+            "erf": ("erf", 1), "exp2": ("exp2", 1), "log2": ("log2", 1), "log1p": ("log1p", 1),
+            "expm1": ("expm1", 1), "atan": ("atan", 1), "asinh": ("asinh", 1), "sinh": ("sinh", 1)}
+_EPS = {"torch.bfloat16": 2.0 ** -8, "torch.float16": 2.0 ** -11, "torch.float32": 2.0 ** -24}
+
+
+def _monotone(name: str, x: float) -> float:
+    f = {"sqrt": math.sqrt, "rsqrt": lambda v: 1 / math.sqrt(v), "exp": math.exp, "log": math.log,
+         "tanh": math.tanh, "sigmoid": lambda v: 1 / (1 + math.exp(-v)) if v > -700 else 0.0,
+         "relu": lambda v: max(v, 0.0), "neg": lambda v: -v, "erf": math.erf, "exp2": lambda v: 2.0 ** v,
+         "log2": math.log2, "log1p": math.log1p, "expm1": math.expm1, "atan": math.atan,
+         "asinh": math.asinh, "sinh": math.sinh}[name]
+    return f(x)
+
+
+def _extremes_check(result, u) -> bool | None:
+    """Statistics mode: True when the NPU output's Max and Min are the API applied to its own
+    input's extremes (within 4 roundings), False when not (the kernel computes something
+    else), None when that cannot be checked (not a monotone elementwise call)."""
+    from probe.precheck.entries import parse_name
+    api = parse_name(u.name) if u.npu_entry else None
+    if api is None or api.phase != "forward" or api.leaf not in MONOTONE:
+        return None
+    rows = [result.pairs[i].npu for i in u.rows if result.pairs[i].npu is not None]
+    ins = [r for r in rows if r.io == "input" and r.kind == "tensor"]
+    outs = [r for r in rows if r.io == "output" and r.kind == "tensor"]
+    if len(ins) != 1 or len(outs) != 1 or ins[0].numel != outs[0].numel or not ins[0].numel:
+        return None
+    name, sign = MONOTONE[api.leaf]
+    (imx, imn), (omx, omn) = ins[0].stats[:2], outs[0].stats[:2]
+    try:
+        want = (_monotone(name, imx), _monotone(name, imn)) if sign > 0 else (_monotone(name, imn), _monotone(name, imx))
+    except (ValueError, OverflowError, ZeroDivisionError):
+        return None
+    if not all(map(math.isfinite, (omx, omn, *want))):
+        return None
+    eps = _EPS.get(outs[0].dtype or "", 2.0 ** -8)
+    return all(abs(got - w) <= 4 * eps * abs(w) + 1e-30 for got, w in zip((omx, omn), want))
+
+
+def _stands_out(u: CallDiag) -> bool:
+    """A replayed call beyond a correct CPU kernel is blamed unless most calls of its API are
+    (the device's precision): then only when its error, or the scale part of it, stands out
+    from theirs. (The device's own error is correlated across a call's outputs, the rounded
+    weights being shared, so rounding's scale test would blame every call.)"""
+    if not u.device_error or u.local is None:
+        return True
+    return max(u.local.local, abs(u.local.bias)) > STAND_OUT * u.device_error
 
 
 def _eligible(calls):
@@ -513,25 +649,145 @@ def _low_precision(result):
     return None
 
 
-def _replay(result, calls, progress: bool) -> int:
-    """Judge by their local error the calls whose output differs (tensor dumps)."""
-    todo = [u for u in calls if u.npu_entry and u.status not in ("unmatched", "not compared")
-            and u.output_error and not u.name.startswith("Module.")]
+def _replay(result, calls, replays, progress: bool) -> int:
+    """Judge by their local error the calls whose output differs (tensor dumps), and the
+    NPU calls with no partner, which need none to be re-run on their own inputs. A group
+    (one side's fused call against the other's several) is judged through each of its
+    NPU calls: the worst names the group."""
+    todo = [u for u in calls if u.npu_entry and u.draw is None and not u.name.startswith("Module.")
+            and (u.status == "unmatched" or (u.status != "not compared" and u.output_error))]
     if not todo:
         return 0
     import torch
     from tqdm import tqdm
-    replays = Replays(result.npu.json_path)
     done = 0
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # small calls one at a time: waking a pool costs more than it saves
     try:
         for u in tqdm(todo, desc="replay calls", unit="call", delay=2.0, disable=not progress):
-            u.local = replays.local_error(u.npu_entry)
-            done += u.local is not None
+            worst, worst_entry = None, u.npu_entry
+            for entry in _npu_entries(result, u):
+                le = replays.local_error(entry)
+                if le is not None and (worst is None or (le.introduces, le.ratio) > (worst.introduces, worst.ratio)):
+                    worst, worst_entry = le, entry
+            u.local = worst
+            if worst is not None and worst_entry != u.npu_entry and worst.introduces:
+                u.npu_entry = worst_entry      # the group's call that made the error
+            done += worst is not None
     finally:
         torch.set_num_threads(threads)
     return done
+
+
+def _npu_entries(result, u) -> list:
+    """The NPU entries of a call (several for a group), in table order."""
+    if not u.match.startswith("group"):
+        return [u.npu_entry]
+    return list(dict.fromkeys(result.pairs[i].npu.entry for i in u.rows if result.pairs[i].npu is not None))
+
+
+def _draws(result, calls, replays) -> Draws | None:
+    """Random calls judged by their law on the NPU side's own dump (draws.py)."""
+    from probe.precheck.entries import DROPOUT_ARGS, parse_name
+    pairs = result.pairs
+    forward = {u.npu_entry: u for u in calls if u.npu_entry and u.direction == "forward"}
+    n, differ, first, unjudged = 0, 0, None, []
+    for u in calls:
+        api = parse_name(u.name) if u.npu_entry else None
+        if api is None:
+            continue
+        fwd = forward.get(f"{api.base}.forward")
+        fwd_rows = [pairs[i].npu for i in fwd.rows if pairs[i].npu is not None] if fwd else []
+        kind = draws.draw_kind(api, fwd_rows)
+        if kind is None:
+            continue
+        rows = [pairs[i].npu for i in u.rows if pairs[i].npu is not None and pairs[i].npu.kind == "tensor"]
+        x = next((r for r in rows if r.io == "input"), None)
+        y = next((r for r in rows if r.io == "output"), None)
+        check = None
+        if kind == "dropout" and api.leaf in DROPOUT_ARGS:
+            p = draws.dropout_p(api, fwd_rows)
+            got = replays.first_tensors(u.npu_entry) if replays is not None else None
+            if got is not None:
+                check = draws.dropout_law_tensors(got[0], got[1], p, got[2])
+            elif x is not None and y is not None and x.numel == y.numel:
+                check = draws.dropout_law_stats(x.stats, y.stats, p)
+        elif kind in ("uniform", "normal") and y is not None:
+            values = replays.output_tensor(u.npu_entry) if replays is not None else None
+            if values is not None:
+                check = (draws.uniform_law_tensors if kind == "uniform" else draws.normal_law_tensors)(values)
+            else:
+                check = (draws.uniform_law_stats if kind == "uniform" else draws.normal_law_stats)(y.stats, y.numel)
+        if check is None:
+            check = DrawCheck("", False, "a random draw: not compared element by element"
+                              + (" (its mask is drawn inside the kernel: it cannot be checked; compare with "
+                                 "eager attention, or dropout_p=0 for the check run)" if kind == "draw"
+                                 and api.leaf == "scaled_dot_product_attention" else ""))
+            unjudged.append(u.npu_entry)
+        check.differs = u.output_error is not None and u.output_error > u.threshold
+        u.draw = check
+        n += 1
+        if check.differs:
+            differ += 1
+            first = first or u.npu_entry
+    return Draws(n, differ, first, unjudged) if n else None
+
+
+def _stats_device_precision(calls) -> list:
+    """Statistics mode's counterpart of _device_precision: when most calls of one API (the
+    matrix-unit family pooled) jump beyond the threshold by a similar output error, that
+    error is the device's; a call stays named only when its error stands out from it."""
+    import statistics as st
+    groups: dict = {}
+    for u in calls:
+        if u.status in ("introduces", "can't tell", "clean", "inherits") and u.api_key and u.draw is None \
+                and u.output_error is not None:
+            api = u.api_key.rsplit(".", 1)[0].split(".", 1)[-1]
+            groups.setdefault("matrix units" if api in MATRIX_UNIT else u.api_key, []).append(u)
+    found = []
+    for key in sorted(groups):
+        us = groups[key]
+        jumped = [u for u in us if u.status in ("introduces", "can't tell")]
+        if len(us) < MIN_POPULATION or len(jumped) <= MOST * len(us):
+            continue
+        typical = st.median(u.output_error for u in us)
+        if typical > PLAUSIBLE or not math.isfinite(typical):
+            continue
+        for u in jumped:
+            u.device_error = typical
+            if u.output_error <= STAND_OUT * typical:
+                u.status = "inherits"
+        found.append(DevicePrecision(key, len(us), typical, typical / max(us[0].tolerance, 1e-30)))
+    return found
+
+
+def _device_precision(calls) -> list:
+    """What the NPU side adds per API, measured on the run: when most replayed calls of one
+    API (matrix-unit APIs pooled: one device setting moves them all) are beyond a correct
+    CPU kernel of their dtype by a similar factor, that factor is the device's precision
+    (TF32/HF32, another blocking), and a call is blamed only when it stands out from it."""
+    import statistics as st
+    groups: dict = {}
+    for u in calls:
+        if u.local is None or u.draw is not None or not u.api_key:
+            continue
+        api = u.api_key.rsplit(".", 1)[0].split(".", 1)[-1]
+        key = "matrix units" if api in MATRIX_UNIT else u.api_key
+        groups.setdefault(key, []).append(u)
+    found = []
+    for key in sorted(groups):
+        us = groups[key]
+        beyond = [u for u in us if u.local.local > u.local.allowed]
+        if len(us) < MIN_POPULATION or len(beyond) <= MOST * len(us):
+            continue
+        typical_error = st.median(u.local.local for u in us)
+        if typical_error > PLAUSIBLE:
+            continue
+        excess = st.median(u.local.ratio for u in us)
+        for u in us:
+            u.device_excess, u.device_error = excess, typical_error
+        found.append(DevicePrecision(key, len(us), typical_error, excess))
+    return found
 
 
 def diagnose(result, noise: dict | None = None, replay: bool | None = None,
@@ -549,11 +805,21 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
             u.noise_in, u.noise = noise[u.bench_entry]
     eligible = _eligible(calls)
     replayed = 0
+    replays = None
     if (result.mode == "tensor" if replay is None else replay) and result.npu is not None:
-        replayed = _replay(result, eligible, progress)
-    jump = STATS_JUMP if result.mode != "tensor" and low else JUMP
+        replays = Replays(result.npu.json_path)
+    drawn = _draws(result, eligible, replays)
+    device = []
+    if replays is not None:
+        replayed = _replay(result, eligible, replays, progress)
+        device = _device_precision(eligible)
+    statistics = result.mode != "tensor"
+    jump = STATS_JUMP if statistics and low else JUMP
     for u in calls:
-        _judge(u, jump)
+        stats_only = statistics and u.local is None
+        _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None)
+    if statistics:
+        device += _stats_device_precision(eligible)
     (fwd, fwd_differ), (bwd, bwd_differ) = _first(eligible, "forward"), _first(eligible, "backward")
     intro = [u for u in eligible if u.status == "introduces"]
     firsts = [d.call for d in (fwd, bwd) if d is not None]
@@ -563,7 +829,7 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
                else "worst statistic difference relative to the tensor's magnitude")
     return Diagnosis(calls, fwd, bwd, suspects[:N_SUSPECTS], measure,
                      inputs_differ=fwd_differ or bwd_differ, state=_state(result, calls, errors),
-                     drift=_drift(eligible), replayed=replayed, low_precision=low)
+                     drift=_drift(eligible), replayed=replayed, low_precision=low, draws=drawn, device=device)
 
 
 def noise_floor(bench_json: str, bench2_json: str, **kw) -> dict:

@@ -127,6 +127,45 @@ class Replays:
         self.loader = Loader(data_dir, "cpu")
         self.replayer = Replayer("cpu")
 
+    def first_tensors(self, entry: str):
+        """(first input tensor, first output tensor, output dtype) of an entry as float64
+        numpy arrays from its files (a backward entry: the gradient w.r.t. the output and
+        w.r.t. the input), or None where the dump holds no files for them."""
+        from probe.precheck.inputs import flat_outputs, is_tensor_desc
+        e = self.entries.get(entry)
+        if not isinstance(e, dict):
+            return None
+        ins = e.get("input_args") if "input_args" in e else e.get("input")
+        outs = e.get("output")
+        x = next((d for d in flat_outputs(ins or []) if is_tensor_desc(d)), None)
+        y = next((d for d in flat_outputs(outs or []) if is_tensor_desc(d)), None)
+        if x is None or y is None or not x.get("data_name") or not y.get("data_name"):
+            return None
+        try:
+            tx, ty = self.loader.dumped(x), self.loader.dumped(y)
+        except Exception as exc:        # noqa: BLE001 - a file that cannot be read: no check
+            logger.debug("tensors of %s could not be read: %s", entry, exc)
+            return None
+        if tx is None or ty is None or tx.shape != ty.shape:
+            return None
+        import torch
+        return (tx.detach().to(torch.float64).numpy(), ty.detach().to(torch.float64).numpy(), str(ty.dtype))
+
+    def output_tensor(self, entry: str):
+        """The first output of an entry as a float64 numpy array, or None."""
+        from probe.precheck.inputs import flat_outputs, is_tensor_desc
+        e = self.entries.get(entry)
+        y = next((d for d in flat_outputs((e or {}).get("output") or []) if is_tensor_desc(d)), None) \
+            if isinstance(e, dict) else None
+        if y is None or not y.get("data_name"):
+            return None
+        try:
+            import torch
+            return self.loader.dumped(y).detach().to(torch.float64).numpy()
+        except Exception as exc:        # noqa: BLE001
+            logger.debug("output of %s could not be read: %s", entry, exc)
+            return None
+
     def local_error(self, entry: str) -> LocalError | None:
         """The call's local error, or None when it cannot be replayed from the dump."""
         try:

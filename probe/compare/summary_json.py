@@ -114,14 +114,24 @@ def _drift(drift) -> dict | None:
             "largest": call(drift.largest), "grows_fastest": call(drift.fastest)}
 
 
+STATUSES = ("clean", "introduces", "inherits", "unmatched", "not compared", "draw", "can't tell")
+
+
 def verdict_text(diag, primary) -> str:
-    """The one-sentence answer of the compare."""
-    if primary is not None:
+    """The answer of the compare, in one sentence: the culprit, or that there is none and
+    what explains the differences (the draws, the NPU side's measured precision, the dtype)."""
+    parts = []
+    d = diag.draws
+    if d is not None and d.differ:
+        parts.append(f"the two runs drew different random numbers from {d.first_differing} on "
+                     f"({d.differ} of {d.calls} random calls differ; each is checked against its law instead)")
+    if primary is not None:       # the culprit first: that is the answer
         u = primary.call
         where = f" in {u.module}" if u.module else ""
-        return f"{u.name}{where} introduces error: {u.reason}"
+        return "; ".join([f"{u.name}{where} introduces error: {u.reason}"] + parts)
     dtype = diag.low_precision or "the dtypes compared"
-    return f"no API introduces error beyond what {dtype} explains"
+    explains = f"{dtype} and the NPU side's measured precision" if diag.device else dtype
+    return "; ".join(parts + [f"no API introduces error beyond what {explains} explains"])
 
 
 def _groups(result, groups) -> list:
@@ -160,14 +170,18 @@ def build(result, diag, bench2_path: str | None = None, stack_path: str | None =
         "error_measure": diag.error_measure,
         "rows": {"total": result.n_rows, "pass": counts.get("pass", 0),
                  "warning": counts.get("warning", 0), "error": counts.get("error", 0)},
-        "calls": {"total": len(diag.calls), **{k: status.get(k, 0) for k in
-                  ("clean", "introduces", "inherits", "unmatched", "not compared")}},
+        "calls": {"total": len(diag.calls), **{k: status.get(k, 0) for k in STATUSES}},
         "unmatched": {"npu": [u.npu_entry for u in diag.calls if u.status == "unmatched" and u.npu_entry],
                       "bench": [u.bench_entry for u in diag.calls
                                 if u.status == "unmatched" and not u.npu_entry]},
         "groups": _groups(result, groups),
         "verdict": verdict_text(diag, primary),
         "replayed_calls": diag.replayed,
+        "draws": None if diag.draws is None else {
+            "calls": diag.draws.calls, "differ": diag.draws.differ,
+            "first_differing": diag.draws.first_differing, "not_checked": diag.draws.unjudged},
+        "device_precision": [{"api": p.api, "calls": p.calls, "typical_error": _num(p.typical_error),
+                              "typical_excess": _num(p.typical_excess), "text": p.text} for p in diag.device],
         "first_divergence": {
             "name": primary.call.name if primary else None,
             "direction": primary.call.direction if primary else None,
@@ -190,7 +204,15 @@ def _limits(result, diag) -> list:
                      "these four numbers do not show, or one within the dtype's rounding of them "
                      f"({'bf16: ~1%' if diag.low_precision else 'fp32: ~1e-4'}), is not seen; a "
                      "tensor dump re-runs each call on its own inputs and sees such errors")
-    elif diag.replayed == 0 and any(u.output_error for u in diag.calls):
+    if result.mode != "tensor" and diag.draws is not None and diag.draws.differ:
+        notes.append(f"the two runs drew different random numbers from {diag.draws.first_differing} on: in "
+                     "statistics mode every call after it sees inputs that differ, and a fault there is "
+                     "\"can't tell\" at best; dump tensors (each call is then re-run on its own inputs) or "
+                     "give the bench the NPU run's draws (random_from)")
+    if diag.draws is not None and diag.draws.unjudged:
+        notes.append(f"{len(diag.draws.unjudged)} random calls draw inside their kernel and were not checked "
+                     f"(first: {diag.draws.unjudged[0]}); for a check run use eager attention or dropout_p=0")
+    if result.mode == "tensor" and diag.replayed == 0 and any(u.output_error for u in diag.calls):
         notes.append("no call could be re-run from the dump's files: calls judged by their jump")
     return notes
 
