@@ -25,6 +25,27 @@ def add_device_option(parser, default="cpu", help="device to run on"):
                         help=f"{help}: cpu, cuda[:N] or npu[:N] (default {default})")
 
 
+def require_device(value):
+    """Raise ValueError (the commands' one-line error) unless ``value`` (``cpu``, ``cuda[:N]``,
+    ``npu[:N]``) can be used in this process.
+
+    ``torch.npu`` exists only once ``torch_npu`` has been imported: a training script does
+    that itself, a ``probe`` command run from a shell has not, so it is imported here; a
+    check of ``torch.npu`` alone refused every NPU."""
+    import torch
+    kind = value.split(":", 1)[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {value}: no CUDA device available")
+    if kind == "npu":
+        try:
+            import torch_npu  # noqa: F401 - registers torch.npu and the device type
+        except ImportError:
+            raise ValueError(f"--device {value}: torch_npu is not installed") from None
+        npu = getattr(torch, "npu", None)
+        if npu is None or not npu.is_available():
+            raise ValueError(f"--device {value}: no NPU available")
+
+
 def add_output_option(parser, default=None, dest="output", help="output path"):
     """``-o`` / ``--output`` / ``--out``."""
     parser.add_argument("-o", "--output", "--out", dest=dest, default=default,

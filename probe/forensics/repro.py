@@ -236,8 +236,8 @@ def generate(dump_dir, api, device="cpu", output=None):
     suffix, forward). ``output``: the script path (default ``./repro_{entry}.py``); the
     inputs go to the same path with ``.pt``. Returns the script path.
     """
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if not re.fullmatch(rf"({'|'.join(DEVICES)})(:\d+)?", device):   # npu:1, as --device takes
+        raise ValueError(f"device must be one of {', '.join(DEVICES)} (:N for one of several), got {device!r}")
     api_name, base, kind = parse_entry(api)
     func_expr = api_expr(api_name)
     dump_json, fwd, bwd = find_entry(dump_dir, api)
@@ -282,7 +282,8 @@ def generate(dump_dir, api, device="cpu", output=None):
         entry=entry, api=api_name, source=os.path.abspath(dump_json), device=device,
         header_inputs=_header_inputs(plan, synthetic),
         notes="".join(f"\n  - {n}" for n in plan.notes) or " none",
-        npu_import="import torch_npu  # noqa: F401  (target device: npu)\n" if device == "npu" or api_name.startswith("NPU.") else "",
+        npu_import=("import torch_npu  # noqa: F401  (target device: npu)\n"
+                    if device.startswith("npu") or api_name.startswith("NPU.") else ""),
         func=func_expr, bundle=os.path.basename(bundle),
         tensors=_lit_block(plan.tensors), synthetic=_lit(synthetic),
         args=",\n        ".join(args_src), kwargs=", ".join(kwargs_src),

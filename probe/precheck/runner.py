@@ -21,6 +21,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from probe.cli_options import require_device
 from probe.compare.reader import DumpMeta, read_dump
 from probe.precheck.entries import DROPOUT_ARGS, EntryName, parse_name, resolve_api
 from probe.precheck.inputs import Loader, Unrebuildable, flat_outputs, flat_tensors, is_tensor_desc, torch_dtype
@@ -342,8 +343,7 @@ def run_ut(dump_json: str, out_dir: str = ".", device: str = "cpu", white_list=N
 def _run_ut(dump_json, out_dir, device, white_list, black_list, resume, progress):
     start = time.perf_counter()
     path = locate_dump(dump_json)
-    if device.startswith("npu"):
-        import torch_npu  # noqa: F401 - registers the device
+    require_device(device)   # npu: imports torch_npu, which registers the device
     os.makedirs(out_dir, exist_ok=True)
     meta = DumpMeta(path)
     calls: dict[str, dict] = {}

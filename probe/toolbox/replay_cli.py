@@ -5,7 +5,7 @@ Exit status: 0 when every check passed (or only timing was asked), 1 when a chec
 """
 import os
 
-from probe.cli_options import add_device_option, add_registry_option
+from probe.cli_options import add_device_option, add_registry_option, require_device
 
 
 def add_arguments(parser):
@@ -21,19 +21,13 @@ def add_arguments(parser):
 
 
 def run(args):
-    import torch
-
     from probe.toolbox.base import NameFilter
     from probe.toolbox.options import parse_list
     from probe.toolbox.replay import Replayer, find_calls
 
     if not os.path.isdir(args.dir):
         raise ValueError(f"no such folder: {args.dir}")
-    kind = args.device.split(":")[0]
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device available")
-    if kind == "npu" and not (hasattr(torch, "npu") and torch.npu.is_available()):
-        raise ValueError("--device npu: no NPU available (is torch_npu installed?)")
+    require_device(args.device)
     if args.times < 1:
         raise ValueError("--times must be >= 1")
     check = args.check or not args.time
