@@ -43,32 +43,40 @@ API_OF = {
     "_foreach_addcdiv_.ScalarList": ("Torch._foreach_addcdiv_", "forward"),  # foreach AdamW
     "_fused_adamw_.default": ("Torch._fused_adamw_", "forward"),  # fused AdamW: one call a step
     "native_batch_norm.default": ("Functional.batch_norm", "forward"),
+    "addmm.default": ("Torch.addmm", "forward"),               # GPT-2's Conv1D projections
+    "bmm.default": ("Torch.matmul", "forward"),                # GPT-2's eager attention scores
+    # fused attention (HF's "sdpa"): one API call runs the whole kernel
+    "_scaled_dot_product_flash_attention_for_cpu.default": ("Functional.scaled_dot_product_attention", "forward"),
+    "_scaled_dot_product_flash_attention_for_cpu_backward.default":
+        ("Functional.scaled_dot_product_attention", "backward"),
 }
 # the forward kernel whose calls number a backward kernel's API calls
 FORWARD_OF = {"tanh_backward.default": "tanh.default", "silu_backward.default": "silu.default",
-              "threshold_backward.default": "relu.default"}
+              "threshold_backward.default": "relu.default",
+              "_scaled_dot_product_flash_attention_for_cpu_backward.default":
+                  "_scaled_dot_product_flash_attention_for_cpu.default"}
 
 
-def gpt2(seed=0):
+def gpt2(seed=0, dropout=0.0, attn="eager"):
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(seed)
     cfg = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=HIDDEN, n_layer=LAYERS, n_head=4,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    cfg._attn_implementation = "eager"
+                     resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+    cfg._attn_implementation = attn
     return GPT2LMHeadModel(cfg)
 
 
-def llama(seed=0):
+def llama(seed=0, dropout=0.0, attn="eager"):
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
                       num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=SEQ, attention_dropout=0.0)
-    cfg._attn_implementation = "eager"
+                      max_position_embeddings=SEQ, attention_dropout=dropout)
+    cfg._attn_implementation = attn
     return LlamaForCausalLM(cfg)
 
 
-def convnet(seed=0):
+def convnet(seed=0, dropout=0.0, attn=None):
     torch.manual_seed(seed)
     return ConvNet()
 
@@ -157,16 +165,20 @@ OPTIMIZERS = {    # the for-loop implementations are CPU's default; foreach / fu
 }
 
 
-def run(kind, root, task="tensor", steps=3, bf16=False, fault=None, opt="adamw"):
-    """N dumped optimizer steps of model ``kind`` under ``fault`` (a KernelFault or None)."""
+def run(kind, root, task="tensor", steps=3, bf16=False, fault=None, opt="adamw", device=None,
+        dropout=0.0, attn="eager", **debugger_kw):
+    """N dumped optimizer steps of model ``kind`` under ``fault`` (a KernelFault or None), on
+    ``device`` (a ``second_device.Device``, or None: the CPU itself)."""
+    import contextlib
+
     from probe import PrecisionDebugger
-    model = MODELS[kind]()
+    model = MODELS[kind](dropout=dropout, attn=attn)
     g = torch.Generator().manual_seed(1)
     o = OPTIMIZERS[opt](model.parameters())
-    dbg = PrecisionDebugger(dump_path=str(root), task=task, level="L1")
+    dbg = PrecisionDebugger(dump_path=str(root), task=task, level="L1", **debugger_kw)
     fm = fault or KernelFault("none", 0, -1)
     try:
-        with fm:
+        with device or contextlib.nullcontext(), fm:
             for s in range(steps):
                 fm.new_step(s)
                 x, y = _batch(kind, g)
