@@ -138,3 +138,30 @@ def test_the_same_two_dumps_give_the_same_summary(runs, tmp_path):
     b = compare_steps(npu, bench, tmp_path / "b", [1])[0][1]
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     assert a["draws"]["differ"] > 0 and os.path.basename(a["npu_json_path"]) == "dump.json"
+
+
+def test_math_modes_are_recorded_and_named_beside_the_measured_precision(runs, tmp_path):
+    """dump.json records the settings that set a device's precision, read as each step
+    starts; the compare names those of the NPU side beside the precision it measured."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        npu = run("gpt2", tmp_path / "npu", "tensor", steps=1, device=Device(tf32=True))
+    finally:
+        torch.set_float32_matmul_precision(before)
+    summary = compare_steps(npu, runs("gpt2", "tensor"), tmp_path / "out", [0])[0][1]
+    assert summary["math_modes"]["npu"]["float32_matmul_precision"] == "high"
+    assert summary["math_modes"]["bench"]["float32_matmul_precision"] == before
+    (precision,) = summary["device_precision"]
+    assert "float32_matmul_precision=high" in precision["text"], precision
+
+
+def test_hf32_of_torch_npu_is_recorded(tmp_path, monkeypatch):
+    from npu_standin import StandIn
+    StandIn().install(monkeypatch)
+    torch.npu.matmul.allow_hf32 = True
+    from probe.dump.math_modes import math_modes, reduced_precision
+    modes = math_modes()
+    assert modes["npu.matmul.allow_hf32"] is True and "npu.matmul.allow_hf32" in reduced_precision(modes)
+    torch.npu.matmul.allow_hf32 = False
+    assert "npu.matmul.allow_hf32" not in reduced_precision(math_modes())

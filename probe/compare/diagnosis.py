@@ -223,11 +223,16 @@ class DevicePrecision:
     calls: int                        # calls measured
     typical_error: float              # median local error (relative)
     typical_excess: float             # median of local error / a correct kernel's error
+    settings: tuple = ()              # the NPU dump's reduced-precision math modes (dump/math_modes.py)
 
     @property
     def text(self) -> str:
-        like = " (TF32/HF32-like matrix units)" if self.api == "matrix units" and self.typical_excess > 100 \
-            else " (another reduction order)" if self.typical_excess < 100 else ""
+        if self.settings:
+            like = f" (the NPU dump ran with {', '.join(self.settings)})"
+        elif self.api == "matrix units" and self.typical_excess > 100:
+            like = " (TF32/HF32-like matrix units)"
+        else:
+            like = " (another reduction order)" if self.typical_excess < 100 else ""
         return (f"{self.api} on the NPU side: ~{self.typical_error:.2g} relative on {self.calls} calls, "
                 f"{self.typical_excess:.3g}x a correct CPU kernel's error{like}: the device's precision, "
                 f"not a fault at one call")
@@ -820,6 +825,11 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
         _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None)
     if statistics:
         device += _stats_device_precision(eligible)
+    if device and result.npu is not None and result.npu.meta.math_modes:
+        from probe.dump.math_modes import reduced_precision
+        settings = tuple(reduced_precision(result.npu.meta.math_modes))
+        for p in device:
+            p.settings = settings
     (fwd, fwd_differ), (bwd, bwd_differ) = _first(eligible, "forward"), _first(eligible, "backward")
     intro = [u for u in eligible if u.status == "introduces"]
     firsts = [d.call for d in (fwd, bwd) if d is not None]

@@ -26,6 +26,9 @@ WHOLE_FILE_BYTES = 256 << 20    # parsed whole: ~6x its size in objects while en
 _WS = " \t\r\n"
 
 
+_HEADER = ("task", "level", "framework", "dump_data_dir", "math_modes")
+
+
 @dataclass
 class DumpMeta:
     """Top-level fields of dump.json, plus what went wrong reading it."""
@@ -34,6 +37,7 @@ class DumpMeta:
     level: str | None = None
     framework: str | None = None
     dump_data_dir: str | None = None
+    math_modes: dict | None = None    # the precision settings it ran with (dump/math_modes.py)
     entries: int = 0
     truncated: bool = False
     problems: list = field(default_factory=list)
@@ -141,7 +145,7 @@ def read_dump(path: str, meta: DumpMeta | None = None):
                     yield from _entries(buf, decoder, meta)
                 else:
                     value = buf.decode(decoder)
-                    if key in ("task", "level", "framework", "dump_data_dir"):
+                    if key in _HEADER:
                         setattr(meta, key, value)
         except json.JSONDecodeError as exc:
             meta.truncated = True
@@ -163,7 +167,7 @@ def _parse_whole(path: str) -> dict | None:
 
 
 def _whole_entries(doc: dict, meta: DumpMeta):
-    for key in ("task", "level", "framework", "dump_data_dir"):
+    for key in _HEADER:
         if key in doc:
             setattr(meta, key, doc[key])
     data = doc.get("data", {})

@@ -180,6 +180,8 @@ def build(result, diag, bench2_path: str | None = None, stack_path: str | None =
         "draws": None if diag.draws is None else {
             "calls": diag.draws.calls, "differ": diag.draws.differ,
             "first_differing": diag.draws.first_differing, "not_checked": diag.draws.unjudged},
+        "math_modes": {"npu": result.npu.meta.math_modes if result.npu else None,
+                       "bench": result.bench.meta.math_modes if result.bench else None},
         "device_precision": [{"api": p.api, "calls": p.calls, "typical_error": _num(p.typical_error),
                               "typical_excess": _num(p.typical_excess), "text": p.text} for p in diag.device],
         "first_divergence": {

@@ -36,11 +36,12 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 import numpy as np
 
 from probe.dump.encode import FOOTER, encode_entries, header_text, one_key_per_line, stack_text
+from probe.dump.math_modes import math_modes
 from probe.log_once import LogOnce
 
 log = logging.getLogger(__name__)
 
-_HEADER_KEYS = ("task", "level", "framework", "dump_data_dir")
+_HEADER_KEYS = ("task", "level", "framework", "dump_data_dir", "math_modes")
 _FLUSH_ENTRIES = 2000
 _FLUSH_SECONDS = 1.0
 _MAX_PENDING_BYTES = 512 << 20
@@ -320,6 +321,7 @@ class DumpWriter:
         if self._direct:
             self._close_here()
         self._direct = not with_tensors
+        self.header["math_modes"] = math_modes()   # as this step starts (read by the writer thread)
         self._opened.clear()
         self._queue.put(_Open(rank_dir, with_tensors))
 
