@@ -31,7 +31,8 @@ def one_thread():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """``runs(kind, task, device, dropout, attn)`` -> a STEPS-step dump root, made once.
-    ``device`` None is the bench (the CPU, eager attention)."""
+    ``device`` None is the bench (the CPU, eager attention, fp32); its "bf16" key runs the
+    NPU side under bf16 autocast."""
     base = tmp_path_factory.mktemp("device_runs")
     made = {}
 
@@ -39,8 +40,10 @@ def runs(tmp_path_factory):
         key = (kind, task, tuple(sorted((device or {}).items())), dropout, attn)
         if key not in made:
             root = base / f"run{len(made)}"
-            made[key] = run(kind, root, task, steps=STEPS, dropout=dropout, attn=attn,
-                            device=Device(**device) if device is not None else None)
+            sim = dict(device or {})
+            bf16 = sim.pop("bf16", False)
+            made[key] = run(kind, root, task, steps=STEPS, dropout=dropout, attn=attn, bf16=bf16,
+                            device=Device(**sim) if device is not None else None)
         return made[key]
     return get
 
@@ -57,6 +60,7 @@ CLEAN = [
     # kind, task, the NPU's device, dropout, the NPU's attention
     ("gpt2", "tensor", {"seed": 7}, 0.1, "eager"),            # its own random stream, dropout on
     ("gpt2", "statistics", {"seed": 7}, 0.1, "eager"),
+    ("gpt2", "statistics", {"seed": 7, "bf16": True}, 0.1, "eager"),   # bf16 against fp32 too
     ("gpt2", "tensor", {"tf32": True}, 0.0, "eager"),         # TF32/HF32-like matrix units
     ("gpt2", "statistics", {"tf32": True}, 0.0, "eager"),
     ("gpt2", "tensor", {"split_k": True, "seed": 7}, 0.1, "eager"),   # another reduction order

@@ -738,6 +738,18 @@ def _draws(result, calls, replays) -> Draws | None:
     return Draws(n, differ, first, unjudged) if n else None
 
 
+def _after_differing_draws(calls, drawn) -> None:
+    """Statistics mode: two differently masked tensors have much the same Max/Min/Mean/Norm,
+    so after the first differing draw the inputs' statistics no longer show how much the
+    inputs differ. A call after it is "can't tell" unless its own extremes convict it."""
+    if drawn is None or not drawn.differ:
+        return
+    first = next(u.index for u in calls if u.npu_entry == drawn.first_differing)
+    for u in calls:
+        if u.index > first and u.status == "introduces" and u.draw is None and not u.extremes_off:
+            u.status = "can't tell"
+
+
 def _stats_device_precision(calls) -> list:
     """Statistics mode's counterpart of _device_precision: when most calls of one API (the
     matrix-unit family pooled) jump beyond the threshold by a similar output error, that
@@ -825,6 +837,7 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
         _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None)
     if statistics:
         device += _stats_device_precision(eligible)
+        _after_differing_draws(calls, drawn)
     if device and result.npu is not None and result.npu.meta.math_modes:
         from probe.dump.math_modes import reduced_precision
         settings = tuple(reduced_precision(result.npu.meta.math_modes))
