@@ -70,3 +70,14 @@ def assert_summary(summary, t, rel=1e-5):
     expected = torch_stats(t)
     for key, value in expected.items():
         assert summary[key] == pytest.approx(value, rel=rel, abs=1e-7, nan_ok=True), key
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module: on a shared, loaded machine torch's thread pool makes
+    each of a compare's thousands of tiny tensor ops wait for a busy core (x40 the CPU time)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

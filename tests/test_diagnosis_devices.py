@@ -20,12 +20,7 @@ from second_device import Device
 STEPS = 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one intra-op thread
 
 
 @pytest.fixture(scope="module")

@@ -21,15 +21,7 @@ from real_runs import KernelFault, compare_steps, load_data, run
 STEPS = 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared, loaded machine torch's thread pool makes each of the
-    compare's thousands of tiny tensor ops wait for a busy core (x40 the CPU time)."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one intra-op thread
 
 
 @pytest.fixture(scope="module")
