@@ -22,7 +22,7 @@ SUMMARY_MODES = ("statistics", "md5")
 FILE_FORMATS = ("npy", "pt")   # pt: torch.save'd CPU tensors, as msprobe writes for PyTorch
 TOP_KEYS = ("task", "dump_path", "rank", "step", "level", "seed", "is_deterministic",
             "enable_dataloader", "async_dump", "wrap_ops_yaml", "framework", "precision",
-            "backward_origin")
+            "backward_origin", "random_from")
 SECTION_KEYS = ("scope", "list", "data_mode", "summary_mode", "file_format", "backward_input",
                 "online_run_ut", "nfs_path", "host", "port", "overflow_nums", "check_mode")
 _PATH_RE = re.compile(r"^[A-Za-z0-9_./\-]+$")
@@ -41,6 +41,7 @@ class DumpConfig:
     async_dump: bool = False
     backward_origin: bool = False   # name the forward API behind a failing backward (costs ~40 us/call)
     wrap_ops_yaml: str = None
+    random_from: str = None     # an NPU dump root whose random draws this (bench) run takes
     scope: tuple = ()
     list: tuple = ()
     data_mode: tuple = ("all",)
@@ -124,6 +125,24 @@ def _check_dump_path(source, value):
     return value
 
 
+def _check_random_from(source, value, dump_path):
+    """An NPU dump root: a folder holding step folders, and not this run's own dump_path
+    (the bench would overwrite the draws it replays)."""
+    if not isinstance(value, str) or not value:
+        _fail(source, "random_from", f"must be the path of an NPU dump folder, got {value!r}")
+    if not os.path.isdir(value):
+        _fail(source, "random_from", f"{value!r} is not a folder")
+    try:
+        names = os.listdir(value)
+    except OSError as exc:
+        _fail(source, "random_from", f"{value!r} is not readable ({exc.strerror or exc})")
+    if not any(re.fullmatch(r"step\d+", d) and os.path.isdir(os.path.join(value, d)) for d in names):
+        _fail(source, "random_from", f"{value!r} holds no step folders (step0, step1, ...): give the NPU run's dump_path")
+    if os.path.realpath(value) == os.path.realpath(dump_path):
+        _fail(source, "random_from", f"{value!r} is this run's dump_path: the bench would overwrite the draws it replays")
+    return value
+
+
 def _check_list_filters(source, items):
     for item in items:
         if item.startswith("regex(") and item.endswith(")"):
@@ -191,6 +210,8 @@ def load_config(config_path=None, **overrides):
         if not isinstance(top["wrap_ops_yaml"], str):
             _fail(src("wrap_ops_yaml"), "wrap_ops_yaml", "must be a path string")
         cfg["wrap_ops_yaml"] = top["wrap_ops_yaml"]
+    if top.get("random_from") is not None:
+        cfg["random_from"] = _check_random_from(src("random_from"), top["random_from"], cfg["dump_path"])
     if top.get("framework", "pytorch") != "pytorch":
         _fail(src("framework"), "framework", f"only 'pytorch' is supported, got {top['framework']!r}")
 

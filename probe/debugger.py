@@ -22,6 +22,7 @@ from typing import Any, Optional
 from probe.config import load_config
 from probe.dump.collector import ApiCollector
 from probe.dump.construct import Construct
+from probe.dump.draws import DrawHandler
 from probe.dump.writer import DumpWriter
 from probe.errors import ConfigError
 from probe.hook_module.interceptor import Interceptor
@@ -66,6 +67,7 @@ class PrecisionDebugger:
         self._writer = None
         self._collector = None
         self._interceptor = None
+        self._draws = None        # DrawHandler: records random draws, or replays random_from's
         self._modules = None
         self._kernels = None
         self._tracker = None
@@ -106,7 +108,9 @@ class PrecisionDebugger:
             self._make_dumpers()
         if self._dir_step != self.current_step:
             self._dir_step = self.current_step
-            self._writer.open_dir(self._step_dir(self.current_step, rank), self._with_tensors)
+            rank_dir = self._step_dir(self.current_step, rank)
+            self._writer.open_dir(rank_dir, self._with_tensors)
+            self._draws.open_step(self.current_step, rank_dir)
         self._attach()
 
     def stop(self):
@@ -146,6 +150,10 @@ class PrecisionDebugger:
         if self._interceptor is not None and not self.config.wants_step(self.current_step + 1):
             self._interceptor.stop()   # no dump next step: the patches go until one is wanted
         self.current_step += 1
+        if self._draws is not None:
+            # the step's draws written next to its dump.json; a bench run (random_from) that
+            # took fewer draws than the NPU run made gets its DrawMismatch here
+            self._draws.end_step()
 
     def module_dump(self, module, name):
         """Dump ``module`` as one entry ``Module.{name}.{Class}``, nothing inside it."""
@@ -208,7 +216,10 @@ class PrecisionDebugger:
             inner = _call_through
         features = self.forensics.features if self.forensics is not None else ()
         self.forensics = ForensicsHandler(inner, Namer(self), features)
-        self._interceptor = Interceptor(with_custom_ops(self.registry), self.forensics)
+        # first in the chain, so that draws are recorded and replayed at every level and task
+        self._draws = DrawHandler(self.forensics, self.config.random_from)
+        handler = self._draws if self._draws.active else self.forensics
+        self._interceptor = Interceptor(with_custom_ops(self.registry), handler)
         forensics.configure(self)
 
     def _attach(self):
@@ -262,6 +273,8 @@ class PrecisionDebugger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._draws is not None:
+            self._draws.close()   # after the writer: the step's folder is made by then
 
 
 def _call_through(name, func, args, kwargs):
