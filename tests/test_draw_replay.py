@@ -247,6 +247,10 @@ def _side(root, seed, fn, x, **kw):
 def test_replayed_dropout_is_torch_own_arithmetic_bitwise(tmp_path, dtype):
     """Bench = NPU here (same device and input), so a replay that is torch's dropout for the
     NPU's mask gives the NPU's outputs and input gradient bit for bit (zeros included)."""
+    try:
+        F.dropout(torch.ones(2, dtype=dtype), 0.5, True)
+    except RuntimeError as exc:   # torch 2.1's CPU has no float16 bernoulli
+        pytest.skip(f"no {dtype} dropout on this torch's CPU: {exc}")
     x = torch.randn(2, 3, 4, 5).to(dtype)
     x[0, 0] = 0
     npu = _side(tmp_path / "npu", 1, _calls, x)
