@@ -508,9 +508,12 @@ class _Recorder:
             self._failed(rank_dir, exc)
             return
         self.wait()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="probe-draws")
-        self._writing = self._pool.submit(self._write, rank_dir, data)
+        try:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="probe-draws")
+            self._writing = self._pool.submit(self._write, rank_dir, data)
+        except RuntimeError:   # at interpreter exit (close() from atexit) no thread starts: write here
+            self._write(rank_dir, data)
 
     def _write(self, rank_dir, data):
         try:
