@@ -11,6 +11,7 @@ Direction, Tolerance Dtype and Match categories, so filters and sorts work as th
 from __future__ import annotations
 
 import glob
+import math
 import os
 
 from .engine import BASE, STAT_DIFFS, STATS, TENSOR_METRICS
@@ -18,6 +19,15 @@ from .engine import BASE, STAT_DIFFS, STATS, TENSOR_METRICS
 NUMBERS = TENSOR_METRICS + STAT_DIFFS + STATS + ["Err/Tolerance"]
 BOOLEANS = ["NPU Requires_grad", "Bench Requires_grad", "Requires_grad Consistent"]
 CATEGORIES = ["Result", "Direction", "Tolerance Dtype", "Match"]
+
+
+def _number(text: str) -> float:
+    """A CSV field as a float: "inf" -> inf, "unsupported" -> NaN. (pandas' own parser is
+    not correctly rounded for long positional texts such as newer orjson writes.)"""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def read_results(path: str):
@@ -33,8 +43,8 @@ def read_results(path: str):
         raise ValueError(f"{path}: not a compare_result_*.csv file")
     df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
     for col in df.columns:
-        if col in NUMBERS:
-            df[col] = pd.to_numeric(df[col], errors="coerce")     # "inf" -> inf, "unsupported" -> NaN
+        if col in NUMBERS:   # Python's float(): correctly rounded for any spelling ("0.0000109...")
+            df[col] = df[col].map(_number, na_action="ignore").astype("float64")
         elif col in BOOLEANS:
             df[col] = df[col].map({"True": True, "False": False}).astype("boolean")
         elif col in CATEGORIES:
