@@ -8,6 +8,8 @@ there says so in one log line where it is used (see ``TORCH``'s users).
     from probe.torch_compat import is_compiling, TORCH
     if TORCH < (2, 4): ...
 """
+from typing import Optional
+
 import torch
 
 TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
@@ -15,3 +17,15 @@ TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 # Dynamo folds both to True while it traces (2.1-2.2: torch._utils.is_compiling is in
 # its table of constant functions), so a compiled region gets the plain torch call.
 is_compiling = getattr(torch.compiler, "is_compiling", None) or torch._utils.is_compiling
+
+# The C base class of torch.Tensor: public as torch._C.TensorBase from torch 2.2 on,
+# torch._C._TensorBase before.
+TensorBase = getattr(torch._C, "TensorBase", None) or torch._C._TensorBase
+
+
+def op_name(op) -> Optional[str]:
+    """An ``OpOverload``'s name without namespace or overload (``mm`` for aten.mm.default);
+    None for what has no schema (a higher-order operator). torch 2.4 added it as
+    ``OpOverload._opname``; the schema's name holds it on every torch."""
+    schema = getattr(op, "_schema", None)
+    return None if schema is None else schema.name.split("::", 1)[-1]

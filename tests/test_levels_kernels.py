@@ -10,6 +10,8 @@ from conftest import assert_summary, load_dump, torch_stats
 from level_models import tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from probe.torch_compat import op_name
+
 
 def _yaml_aten():
     from probe.hook_module.registry import load_registry
@@ -28,12 +30,13 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func._opname in self.ops:
+        op = op_name(func)
+        if op in self.ops:
             backward = torch._C._current_autograd_node() is not None
             stats = None
             if isinstance(out, torch.Tensor) and out.numel() and out.is_floating_point():
                 stats = torch_stats(out)
-            self.calls.append((f"Aten.{func._opname}.{func._overloadname}", stats, backward))
+            self.calls.append((f"Aten.{op}.{func._overloadname}", stats, backward))
         return out
 
 

@@ -21,6 +21,7 @@ from probe.dump.records import ForwardEntry
 from probe.hook_module.grad_capture import input_slots, output_slots
 from probe.hook_module.interceptor import state
 from probe.hook_module.own_work import no_function_mode
+from probe.torch_compat import op_name
 
 _current_node = torch._C._current_autograd_node
 _META_KEY = "probe_api"
@@ -203,9 +204,9 @@ class KernelDumper:
         return out
 
     def _name(self, func):
-        op = getattr(func, "_opname", None)
+        op = op_name(func)
         info = None
-        if op is not None and op in self.aten:
+        if op in self.aten:
             info = (f"Aten.{op}.{func._overloadname}", bool(func._schema.is_mutable))
         self.names[func] = info
         return info

@@ -24,6 +24,7 @@ import torch
 from probe.forensics._common import capture, log_once
 from probe.hook_module.own_work import no_function_mode
 from probe.hook_module.registry import FuncNames
+from probe.torch_compat import op_name
 
 CUSTOM_PREFIX = "Custom."
 # Namespaces of ops that ship with torch: the registry covers them where it wants them.
@@ -45,7 +46,7 @@ def custom_op_name(func):
             return None
         overload = func._overloadname
         # 'default' is dropped: torch.ops.ns.op(...) and the op object name the same call
-        return f"{CUSTOM_PREFIX}{ns}.{func._opname}" + ("" if overload == "default" else f".{overload}")
+        return f"{CUSTOM_PREFIX}{ns}.{op_name(func)}" + ("" if overload == "default" else f".{overload}")
     if isinstance(func, ops.OpOverloadPacket):
         ns, _, op = func._qualified_op_name.partition("::")
         if ns in _BUILTIN_NAMESPACES:

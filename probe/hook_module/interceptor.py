@@ -45,6 +45,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from probe.hook_module import collectives
+from probe.torch_compat import TensorBase
 from probe.torch_compat import is_compiling as _is_compiling
 
 
@@ -154,7 +155,7 @@ def _replaced_method(func):
     """torch's C method whose name on ``torch.Tensor`` is now bound to ``func``."""
     for name, value in vars(torch.Tensor).items():
         if value is func or getattr(value, "__probe_original__", None) is func:
-            original = getattr(torch._C.TensorBase, name, None)
+            original = getattr(TensorBase, name, None)
             if original is not None and type(original) is not _FunctionType:
                 return original
     return None
