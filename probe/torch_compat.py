@@ -29,3 +29,22 @@ def op_name(op) -> Optional[str]:
     ``OpOverload._opname``; the schema's name holds it on every torch."""
     schema = getattr(op, "_schema", None)
     return None if schema is None else schema.name.split("::", 1)[-1]
+
+
+def _cpu_half_aminmax() -> bool:
+    try:
+        torch.aminmax(torch.zeros(1, dtype=torch.float16))
+        return True
+    except RuntimeError:   # "aminmax_cpu" not implemented for 'Half'
+        return False
+
+
+def _aminmax_any_cpu_dtype(t):
+    if t.dtype is torch.float16 and t.device.type == "cpu":
+        return torch.min(t), torch.max(t)
+    return torch.aminmax(t)
+
+
+# torch.aminmax of a float16 tensor on the CPU came after torch 2.1 (2.1 raises); min and
+# max give the same two numbers there, in two passes.
+aminmax = torch.aminmax if _cpu_half_aminmax() else _aminmax_any_cpu_dtype

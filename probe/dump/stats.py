@@ -18,6 +18,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from probe.torch_compat import aminmax
+
 _FLOAT_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 _NUMPY_FAST = (torch.float32, torch.float64)
 _DOT_SAFE = {torch.float32: 1e38, torch.float64: 1e307}
@@ -79,7 +81,7 @@ def device_reductions(t):
     t = t.detach()
     if dt.is_floating_point:
         acc = _FLOAT_WIDE.get(dt, dt)
-        mn, mx = torch.aminmax(t)
+        mn, mx = aminmax(t)
         s = torch.sum(t, dtype=acc)
         n = torch.linalg.vector_norm(t, dtype=acc)
     else:  # ints and bools: exact in float64
