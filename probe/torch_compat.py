@@ -8,6 +8,7 @@ there says so in one log line where it is used (see ``TORCH``'s users).
     from probe.torch_compat import is_compiling, TORCH
     if TORCH < (2, 4): ...
 """
+import functools
 from typing import Optional
 
 import torch
@@ -48,3 +49,23 @@ def _aminmax_any_cpu_dtype(t):
 # torch.aminmax of a float16 tensor on the CPU came after torch 2.1 (2.1 raises); min and
 # max give the same two numbers there, in two passes.
 aminmax = torch.aminmax if _cpu_half_aminmax() else _aminmax_any_cpu_dtype
+
+
+@functools.lru_cache(maxsize=None)
+def indexing_reaches_function_modes() -> bool:
+    """Whether ``t[i]`` and ``t[i] = tensor`` reach a torch function mode (as
+    ``Tensor.__getitem__`` / ``__setitem__``). On torch 2.1 neither does (``t[i] = 2.0``
+    does; later torch, all): probe then patches both, as it patches the operators no
+    instruction tells apart. Found by trying, once."""
+    from torch.overrides import TorchFunctionMode
+    seen = []
+
+    class _Look(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", None))
+            return func(*args, **(kwargs or {}))
+    t, v = torch.zeros(2), torch.ones(())
+    with torch.no_grad(), _Look():
+        t[0]
+        t[1] = v
+    return seen == ["__getitem__", "__setitem__"]

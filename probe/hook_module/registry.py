@@ -21,6 +21,7 @@ import yaml
 from probe.errors import ConfigError
 from probe.hook_module.operators import OperatorNames
 from probe.hook_module.sections import SECTION_PREFIX  # noqa: F401  (re-exported)
+from probe.torch_compat import indexing_reaches_function_modes
 
 log = logging.getLogger(__name__)
 DEFAULT_YAML = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support_wrap_ops.yaml")
@@ -135,9 +136,11 @@ def _lookup(owner, name):
 def _seen_as_itself(obj, name):
     """A dunder a function mode reports as itself needs no patch: Python-level ones
     (``__rsub__``, which dispatch on their own function) and slot wrappers
-    (``__getitem__``). C methods such as ``__add__`` report their implementation, ``add``."""
+    (``__getitem__``; where indexing reaches no mode, torch 2.1, those are patched).
+    C methods such as ``__add__`` report their implementation, ``add``."""
     return (isinstance(obj, types.FunctionType) and obj.__name__ == name) or \
-        type(obj).__name__ == "wrapper_descriptor"
+        (type(obj).__name__ == "wrapper_descriptor" and
+         (name not in ("__getitem__", "__setitem__") or indexing_reaches_function_modes()))
 
 
 def _warn_unknown(path, absent):
