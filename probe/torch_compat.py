@@ -9,9 +9,12 @@ there says so in one log line where it is used (see ``TORCH``'s users).
     if TORCH < (2, 4): ...
 """
 import functools
+import inspect
 from typing import Optional
 
 import torch
+from torch._guards import TracingContext
+from torch.nn.modules.module import register_module_forward_hook
 
 TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
@@ -69,3 +72,68 @@ def indexing_reaches_function_modes() -> bool:
         t[0]
         t[1] = v
     return seen == ["__getitem__", "__setitem__"]
+
+
+# Global module forward hooks are given the call's keyword arguments (``with_kwargs``)
+# from torch 2.6 on; before, a global hook sees the positional arguments only.
+GLOBAL_HOOKS_TAKE_KWARGS = "with_kwargs" in inspect.signature(register_module_forward_hook).parameters
+_NO_KWARGS: dict = {}
+
+
+def register_global_forward_hook(hook):
+    """``hook(module, args, kwargs, output)`` after every module's forward, nothing put on
+    any module. Before torch 2.6 ``kwargs`` is always empty (see GLOBAL_HOOKS_TAKE_KWARGS)."""
+    if GLOBAL_HOOKS_TAKE_KWARGS:
+        return register_module_forward_hook(hook, with_kwargs=True)
+
+    def without_kwargs(module, args, output):
+        return hook(module, args, _NO_KWARGS, output)
+    return register_module_forward_hook(without_kwargs)
+
+
+_tracing_context = getattr(TracingContext, "try_get", None) or TracingContext.get  # try_get: torch 2.3
+
+
+def in_compile_trace() -> bool:
+    """True while torch.compile traces (dynamo, AOTAutograd) rather than runs: tensors
+    seen then are fake. A module hook can be called so only where dynamo keeps the module
+    whole in its graph, see ``dynamo_inlines_nn_modules``."""
+    return _tracing_context() is not None
+
+
+def dynamo_inlines_nn_modules() -> bool:
+    """Whether dynamo traces into torch.nn's own modules (Linear, LayerNorm, ...) as into
+    the user's: their hooks then run when the compiled code runs. torch 2.5 made it the
+    default (``inline_inbuilt_nn_modules``, 2.3 added the switch); before, such a module is
+    one node of the graph: dynamo runs it with its hooks on fake tensors while it traces,
+    and the compiled graph runs it without them. Asked only while compiling (imports dynamo)."""
+    import torch._dynamo.config as dynamo_config
+    return bool(getattr(dynamo_config, "inline_inbuilt_nn_modules", False))
+
+
+def restore_optimizer_step_hooks() -> int:
+    """Make ``optimizer.step()`` run the step hooks again (``register_step_pre_hook``,
+    ``register_optimizer_step_post_hook``) where torch.compile took them away. Before torch
+    2.3 (pytorch#115772), a process's first ``torch.compile`` strips from every torch.optim
+    class the wrapper that runs them (so that a compiled optimizer step has no graph break
+    at it), silently: no step hook of any optimizer runs after that. The wrapper is put back
+    as ``Optimizer.__init__`` puts it, on each class that lost it; later compiles do not
+    strip again. Returns how many classes got it back (0 on torch >= 2.3)."""
+    if TORCH >= (2, 3):
+        return 0
+    from torch.optim import Optimizer
+    hook_code = Optimizer.profile_hook_step(lambda: None).__code__   # the wrapper's own code
+    restored = 0
+    todo = list(Optimizer.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        step = vars(cls).get("step")
+        # "hooked" unwrapped: stripped; not "hooked": Optimizer.__init__ will wrap it
+        if step is None or not getattr(step, "hooked", False) or getattr(step, "__code__", None) is hook_code:
+            continue
+        wrapped = Optimizer.profile_hook_step(step)
+        wrapped.hooked = True  # type: ignore[attr-defined]
+        cls.step = wrapped  # type: ignore[method-assign]
+        restored += 1
+    return restored

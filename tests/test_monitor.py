@@ -11,6 +11,7 @@ import torch
 
 from probe import Monitor
 from probe.errors import ConfigError
+from probe.torch_compat import TORCH
 
 transformers = pytest.importorskip("transformers")
 
@@ -252,6 +253,7 @@ def test_loop_without_optimizer_manual_step_and_log_loss(tmp_path):
     assert all(r["grad_norm"] and not r["update_ratio"] for r in rows if r["name"].endswith(".weight"))
 
 
+@pytest.mark.skipif(TORCH < (2, 3), reason="a GradScaler on the CPU (torch.amp.GradScaler) came with torch 2.3")
 def test_grad_scaler_scale_is_recorded(tmp_path):
     model, opt, batches = make_gpt2()
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)

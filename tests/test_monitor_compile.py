@@ -14,6 +14,7 @@ from models import make_gpt, train_step  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 from probe import Monitor  # noqa: E402
+from probe.torch_compat import TORCH  # noqa: E402
 
 STEPS = 6
 
@@ -37,24 +38,73 @@ def _train(out_dir=None):
     return losses, [p.detach().clone() for p in model.parameters()], frames, list(counters["graph_break"])
 
 
-def test_compiled_model_is_monitored_without_changing_training(tmp_path, caplog):
-    plain_losses, plain_params, plain_frames, _ = _train()
-    with caplog.at_level(logging.WARNING, logger="torch._dynamo"):
-        losses, params, frames, breaks = _train(str(tmp_path))
+def _eager_hook_call(reason):
+    """A graph break at the monitor's torch.compiler.disable'd hook, as this torch words it
+    (2.1: dynamo will not inline the disable wrapper, ``_fn`` of eval_frame.py, that the
+    hook entry calls)."""
+    return "torch.compiler.disable" in reason or "Collector._forward_hook " in reason or \
+        "UserDefinedObjectVariable(_forward_hook_entry)" in reason
+
+
+class _Warnings(logging.Handler):
+    """The warnings of a logger and its children (caplog is function-scoped)."""
+
+    def __init__(self, name):
+        super().__init__(logging.WARNING)
+        self.logger = logging.getLogger(name)
+        self.records = []
+
+    def __enter__(self):
+        self.level = self.logger.level
+        self.logger.setLevel(logging.WARNING)
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level)
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The plain run and the monitored run, once for the tests below (each compiles)."""
+    out_dir = str(tmp_path_factory.mktemp("monitor_compile"))
+    plain = _train()
+    with _Warnings("torch._dynamo") as dynamo_warnings:
+        monitored = _train(out_dir)
+    return plain, monitored, dynamo_warnings.records, out_dir
+
+
+def test_compiled_model_is_monitored_without_changing_training(runs):
+    (plain_losses, plain_params, plain_frames, _), (losses, params, frames, breaks), dynamo_warnings, _ = runs
     # dynamo never traced the hook: its only graph breaks are the calls of the eager hook,
     # and it warned of no recompiles
-    assert breaks and all("torch.compiler.disable" in b for b in breaks), breaks[:2]
-    assert not [r for r in caplog.records if r.name.startswith("torch._dynamo")], caplog.records[:2]
+    assert breaks and all(_eager_hook_call(b) for b in breaks), breaks[:2]
+    assert not dynamo_warnings, dynamo_warnings[:2]
     assert all(torch.equal(a, b) for a, b in zip(plain_losses, losses))
     assert all(torch.equal(a, b) for a, b in zip(plain_params, params))
-    with open(os.path.join(tmp_path, "metrics_rank0.csv"), newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    assert sorted({int(r["step"]) for r in rows}) == list(range(0, 2 * STEPS, 2))
+    # the model's code is compiled once for the steps with the hook (split at each hooked
+    # module) and once without, then reused: no compile per step (``_train`` checks)
+    assert frames.get("ok", 0) > plain_frames.get("ok", 0)
+    # every logged step is written (torch < 2.3: the compile took the optimizer's step
+    # hooks away, probe put them back)
+    assert sorted({int(r["step"]) for r in _rows(runs[3])}) == list(range(0, 2 * STEPS, 2))
+
+
+def _rows(out_dir):
+    with open(os.path.join(out_dir, "metrics_rank0.csv"), newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.skipif(TORCH < (2, 5), reason="before torch 2.5 dynamo keeps torch.nn's modules (Linear) whole in "
+                    "its graph, where no module hook runs: probe says so once in the log")
+def test_compiled_models_activations_are_recorded_on_logged_steps(runs):
+    rows = _rows(runs[3])
     model, _, _ = make_gpt()
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     for step in (0, 2, 4):
         seen = {r["name"] for r in rows if int(r["step"]) == step and r["output_norm"]}
         assert set(linears) <= seen, (step, sorted(set(linears) - seen))
-    # the model's code is compiled once for the steps with the hook (split at each hooked
-    # module) and once without, then reused: no compile per step (``_train`` checks)
-    assert frames.get("ok", 0) > plain_frames.get("ok", 0)

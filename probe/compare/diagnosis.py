@@ -43,7 +43,8 @@ from .local_error import LocalError, Replays
 from .rows import direction
 
 JUMP = 4.0           # output error above JUMP x input error: the call made it, not its inputs
-STATS_JUMP = 10.0    # the same from Max/Min/Mean/Norm alone in a bf16/fp16 run (noisier)
+STATS_JUMP = 10.0    # the same from Max/Min/Mean/Norm alone in a bf16/fp16 run, or where the
+                     # inputs differ at all (a matrix unit's own ~3e-4 on inputs 8e-5 apart)
 AGREE = 1e-4        # inputs closer than this (fp32's tolerance) agree, for the rules above
 NOISE_FACTOR = 4.0   # with a noise floor, error must also exceed NOISE_FACTOR x the noise
 N_SUSPECTS = 5
@@ -89,6 +90,7 @@ class CallDiag:
     device_excess: float | None = None   # the typical excess of this call's API on the NPU side
     device_error: float | None = None    # ... and its typical local error
     extremes_off: bool = False     # statistics: its output's Max/Min are not its function of its input's
+    normalizes: bool = False       # divides by its input's spread: amplifies what came in
 
     @property
     def name(self) -> str:
@@ -448,6 +450,7 @@ def _mark(calls):
         if api is not None:
             u.exact_api = api.exact if u.direction == "forward" else api.exact_backward
             u.api_key = f"{api.qualified}.{api.phase}"
+            u.normalizes = api.leaf in NORMALIZING
 
 
 def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | None = None):
@@ -476,12 +479,16 @@ def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | 
         # From four statistics a call whose inputs already differ may have amplified that
         # (sqrt near 0, a division by a small spread) as well as made error of its own;
         # one whose extremes are its function of its inputs' did compute that function.
-        amplified = (u.input_error or 0.0) > u.input_threshold or (extremes and u.input_error)
+        amplified = (u.input_error or 0.0) > u.input_threshold or ((extremes or u.normalizes) and u.input_error)
         u.status = "can't tell" if statistics and amplified else "introduces"
     else:
         u.status = "inherits"
 
 
+# APIs that divide by their input's spread: a difference in the input, however small against
+# its magnitude, can come out several times larger against the output's (statistics mode).
+NORMALIZING = frozenset({"layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "normalize",
+                         "softmax", "log_softmax", "_softmax", "_log_softmax", "npu_rms_norm"})
 # Elementwise APIs that keep or reverse order: the NPU side's output extremes must be the
 # function of its own input extremes (statistics mode's re-run). +1 increasing, -1 decreasing.
 MONOTONE = {"sqrt": ("sqrt", 1), "sqrt_": ("sqrt", 1), "rsqrt": ("rsqrt", -1), "rsqrt_": ("rsqrt", -1),
@@ -754,20 +761,23 @@ def _after_differing_draws(calls, drawn) -> None:
 
 def _stats_device_precision(calls) -> list:
     """Statistics mode's counterpart of _device_precision: when most calls of one API (the
-    matrix-unit family pooled) jump beyond the threshold by a similar output error, that
-    error is the device's; a call stays named only when its error stands out from it."""
+    matrix-unit family pooled) whose inputs agree within their tolerance still differ
+    beyond it, their median output error is the device's; a call that jumped stays named
+    only when its error stands out from it. (Calls whose inputs differ are left out: after
+    one faulty call every later one differs, and would pass for the device's precision.)"""
     import statistics as st
     groups: dict = {}
-    for u in calls:
+    for u in calls:   # the calls given (nearly) agreeing inputs: what each adds on its own
         if u.status in ("introduces", "can't tell", "clean", "inherits") and u.api_key and u.draw is None \
-                and u.output_error is not None:
+                and u.output_error is not None and (u.input_error or 0.0) <= u.input_threshold:
             api = u.api_key.rsplit(".", 1)[0].split(".", 1)[-1]
             groups.setdefault("matrix units" if api in MATRIX_UNIT else u.api_key, []).append(u)
     found = []
     for key in sorted(groups):
         us = groups[key]
         jumped = [u for u in us if u.status in ("introduces", "can't tell")]
-        if len(us) < MIN_POPULATION or len(jumped) <= MOST * len(us):
+        beyond = [u for u in us if u.output_error > u.threshold]
+        if len(us) < MIN_POPULATION or len(beyond) <= MOST * len(us) or not jumped:
             continue
         typical = st.median(u.output_error for u in us)
         if typical > max(PLAUSIBLE, max(u.tolerance for u in us)) or not math.isfinite(typical):
@@ -833,9 +843,9 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
         replayed = _replay(result, eligible, replays, progress)
         device = _device_precision(eligible)
     statistics = result.mode != "tensor"
-    jump = STATS_JUMP if statistics and low else JUMP
     for u in calls:
         stats_only = statistics and u.local is None
+        jump = STATS_JUMP if stats_only and (low or u.input_error) else JUMP
         _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None)
     if statistics:
         device += _stats_device_precision(eligible)

@@ -111,7 +111,12 @@ def _measure(npu, golden, replay):
     if r is not None and np.isfinite(r).all():
         dr = r - g
         reference, ref_bias = math.sqrt(float(np.sum(dr * dr))) / norm, float(np.sum(dr * g)) / gg
-    spread = max(reference, local - abs(bias)) / math.sqrt(max(g.size, 1))
+    # The scale's standard error under rounding noise: the noise spread over the golden's
+    # elements in proportion to their size, over their effective number (sum g^2)^2 / sum g^4
+    # (a cross-entropy gradient is a few -1/N entries among many tiny ones: not g.size).
+    g2 = g * g
+    n_eff = gg * gg / max(float(np.sum(g2 * g2)), 1e-300)
+    spread = max(reference, local - abs(bias)) / math.sqrt(max(min(n_eff, g.size), 1.0))
     return local, reference, bias - ref_bias, spread
 
 

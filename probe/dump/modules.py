@@ -27,6 +27,7 @@ from probe.hook_module.own_work import no_function_mode
 from probe.log_once import LogOnce
 from probe.tensor_tree import flat_tensors
 from probe.torch_compat import is_compiling as _is_compiling
+from probe.torch_compat import restore_optimizer_step_hooks
 
 # Dynamo traces module hooks inside a compiled model: they return at once there.
 _said = LogOnce(logging.getLogger(__name__))
@@ -166,6 +167,7 @@ class ModuleDumper:
     def attach_optimizer(self):
         """mix: APIs run by ``optimizer.step()`` map to "optimizer" in construct.json."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        restore_optimizer_step_hooks()   # torch < 2.3: a torch.compile so far took them away
         construct = self.construct
 
         def pre(optimizer, args, kwargs):

@@ -21,15 +21,23 @@ import math
 
 import torch
 import torch.distributed as dist
-from torch.nn.modules.module import register_module_forward_hook
 
 from probe.dump.stats import SummaryCache
 from probe.hook_module.interceptor import guard
+from probe.log_once import LogOnce
 from probe.monitor.records import StepStats
 from probe.monitor.summaries import ACT_METRICS, StepBuffer, norms
+from probe.torch_compat import (
+    GLOBAL_HOOKS_TAKE_KWARGS,
+    dynamo_inlines_nn_modules,
+    in_compile_trace,
+    register_global_forward_hook,
+    restore_optimizer_step_hooks,
+)
 from probe.torch_compat import is_compiling as _is_compiling
 
 log = logging.getLogger(__name__)
+_said = LogOnce(log)
 
 # phases of a step, in the order things happen
 FORWARD, BACKWARD, REDUCED, OPTIMIZER = 0, 1, 2, 3
@@ -75,6 +83,13 @@ def _loss_of(output):
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
         return loss
     return None
+
+
+def _kwargs_unseen(name):
+    """Said once: on torch < 2.6 a global hook gets no keyword arguments (torch_compat)."""
+    _said.warning("kwargs", "probe monitor: this torch (< 2.6) does not pass keyword arguments to "
+                  "global module hooks; input statistics of modules called with keyword arguments "
+                  "only (first: %s) are not recorded", name)
 
 
 class Once:
@@ -144,6 +159,7 @@ class Collector:
         if optimizer is not None:
             self.optimizer_handles = [optimizer.register_step_pre_hook(self._make_hook(self.before_update)),
                                       optimizer.register_step_post_hook(self._make_hook(self.after_update))]
+            restore_optimizer_step_hooks()   # torch < 2.3: a torch.compile so far took them away
         self._begin_step()
 
     # ---- step boundaries -------------------------------------------------------------
@@ -159,7 +175,7 @@ class Collector:
     def _begin_step(self):
         """Install the logging step's forward hook (global: nothing on the model)."""
         if self.logging() and self.forward_handle is None:
-            self.forward_handle = register_module_forward_hook(self._forward_hook_entry, with_kwargs=True)
+            self.forward_handle = register_global_forward_hook(self._forward_hook_entry)
 
     def _end_forward_hooks(self):
         if self.forward_handle is not None:
@@ -226,6 +242,12 @@ class Collector:
     def _forward_hook_entry(self, module, args, kwargs, output):
         if _is_compiling():    # dynamo folds this to True while it traces: a graph break
             return self._compiled_forward_hook(module, args, kwargs, output)
+        if in_compile_trace():  # a module kept whole in a compiled graph, run on fake tensors
+            if module in self.watched and not dynamo_inlines_nn_modules():
+                _said.warning("compiled", "probe monitor: this torch.compile keeps torch.nn's modules whole "
+                              "in its graph (torch < 2.5): activations of %s and the like are not recorded "
+                              "while the model runs compiled", self.names[module])
+            return None
         return self._forward_hook(module, args, kwargs, output)
 
     def _forward_hook(self, module, args, kwargs, output):
@@ -253,9 +275,13 @@ class Collector:
                         inp = first_float(args) if args else None
                         if inp is None and kwargs:
                             inp = first_float(kwargs)
+                        if not args and not GLOBAL_HOOKS_TAKE_KWARGS:
+                            _kwargs_unseen(name)
                         if inp is not None:
                             self.buffer.add_tensor_summary(in_keys, (FORWARD, seq, 1), inp, self.cache)
                 if module is self.model:
+                    if self.optimizer_handles:   # torch < 2.3: a torch.compile since may have taken them away
+                        restore_optimizer_step_hooks()
                     loss = _loss_of(output)
                     if loss is not None:
                         self.add_loss(loss, (FORWARD, seq, 3))
