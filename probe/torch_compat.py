@@ -137,3 +137,50 @@ def restore_optimizer_step_hooks() -> int:
         cls.step = wrapped  # type: ignore[method-assign]
         restored += 1
     return restored
+
+
+# torch 2.5 (pytorch#133137) made dynamo trace the torch function modes on the stack, probe's
+# interceptor included: ``is_compiling()`` folds to True there and the mode steps aside.
+# Before, dynamo runs each op of the code it traces for real on fake tensors, with the
+# mode on the stack (and torch.nn modules with their hooks): the mode must step aside
+# then too (``compiling``). And a Python frame that starts while compiled code runs
+# (the mode's, for each op of the graph; probe's handler, for an API called between two
+# graphs) is compiled as a graph of its own, again for each op (recompiles), unless dynamo
+# is kept out of it (``run_eagerly``).
+DYNAMO_TRACES_FUNCTION_MODES = TORCH >= (2, 5)
+
+
+def _compiling_or_tracing() -> bool:
+    return is_compiling() or _tracing_context() is not None
+
+
+# What probe's function mode and module hooks ask to stay out of torch.compile's way.
+compiling = is_compiling if DYNAMO_TRACES_FUNCTION_MODES else _compiling_or_tracing
+
+
+def run_eagerly(func):
+    """``func``, whose calls and every frame under them run eagerly, unseen by dynamo, on
+    torch < 2.5 (elsewhere ``func`` itself): what ``torch.compiler.disable`` does, without
+    importing dynamo, and without a graph break where dynamo traces a call of it (it
+    traces ``func`` then: a hook that steps aside while compiling). For probe's own work
+    called from inside compiled code."""
+    if DYNAMO_TRACES_FUNCTION_MODES:
+        return func
+    dynamo_frames = torch._C._dynamo.eval_frame
+
+    @functools.wraps(func)
+    def eager(*args, **kwargs):
+        if is_compiling():     # dynamo traces this call: it traces func
+            return func(*args, **kwargs)
+        prior = dynamo_frames.set_eval_frame(None)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            dynamo_frames.set_eval_frame(prior)
+    dynamo_frames.skip_code(eager.__code__)   # nor is this frame compiled
+    return eager
+
+
+# The code of run_eagerly's frame between a caller and ``func`` (None where it adds none),
+# for what reads the stack at a fixed depth.
+EAGER_FRAME_CODE = None if DYNAMO_TRACES_FUNCTION_MODES else run_eagerly(lambda: None).__code__

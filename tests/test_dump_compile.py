@@ -18,6 +18,7 @@ from torch._dynamo.utils import counters  # noqa: E402
 
 import probe  # noqa: E402
 from probe.hook_module import interceptor  # noqa: E402
+from probe.torch_compat import DYNAMO_TRACES_FUNCTION_MODES, TORCH  # noqa: E402
 
 # probe's package folder, not the clone's: a clone in a folder named "probe" holds the tests too
 PACKAGE = os.path.dirname(os.path.abspath(probe.__file__)) + os.sep
@@ -88,8 +89,11 @@ def test_compiled_model_under_debugger(make_debugger, dump_dir, caplog):
     # dynamo inlines the mode's entry (it is on the mode stack) and stops at the early
     # return: nothing else of probe's is traced, so no guard or graph node comes from it
     traced = _probe_lines_traced(dynamo_log.messages)
-    allowed = {("hook_module/interceptor.py".replace("/", os.sep), n) for n in _mode_lines_dynamo_may_trace()}
-    assert traced and traced <= allowed, sorted(traced - allowed)
+    if DYNAMO_TRACES_FUNCTION_MODES:
+        allowed = {("hook_module/interceptor.py".replace("/", os.sep), n) for n in _mode_lines_dynamo_may_trace()}
+        assert traced and traced <= allowed, sorted(traced - allowed)
+    else:   # torch < 2.5: dynamo does not trace function modes; probe's frames run eagerly
+        assert not traced, sorted(traced)
     # its guards on probe: the module and is_compiling, which never change (no recompile)
     guarded = {m.group(1) for msg in dynamo_log.messages for m in re.finditer(r"source=G\['([^']*probe[^']*)'\]([.\w]*)", msg)}
     assert guarded <= {"__import_probe_dot_hook_module_dot_interceptor"}, guarded
@@ -99,8 +103,13 @@ def test_compiled_model_under_debugger(make_debugger, dump_dir, caplog):
         assert "Functional.cross_entropy.0.forward" in data and "Functional.cross_entropy.0.backward" in data
         assert any(k.startswith("Tensor.add_.") for k in data)
         # inside the compiled graph: not seen
-        assert not any(k.startswith(("Functional.layer_norm.", "Functional.scaled_dot_product_attention."))
-                       for k in data), sorted(data)
+        if DYNAMO_TRACES_FUNCTION_MODES:
+            assert not any(k.startswith(("Functional.layer_norm.", "Functional.scaled_dot_product_attention."))
+                           for k in data), sorted(data)
+        else:   # torch < 2.5 compiles less of the model (graph breaks at the block's generator
+            # and at the loop over blocks): some of its 5 linear calls still run compiled
+            linears = [k for k in data if k.startswith("Functional.linear.") and k.endswith(".forward")]
+            assert len(linears) < 5, sorted(data)
 
 
 @pytest.mark.parametrize("give", ["compiled", "original"])
@@ -116,7 +125,9 @@ def test_compiled_model_at_mix_level_does_not_recompile_each_step(make_debugger,
     assert extra <= (0 if give == "compiled" else 1), (frames, plain_frames)
     assert all(torch.equal(a, b) for a, b in zip(plain_losses, losses))
     assert all(torch.equal(a, b) for a, b in zip(plain_params, params))
-    dynamo_noise = [r.getMessage() for r in caplog.records if r.name.startswith("torch")]
+    # torch < 2.5 warns once that module hooks (probe's, on the first step) are partially supported
+    dynamo_noise = [r.getMessage() for r in caplog.records if r.name.startswith("torch")
+                    and not (TORCH < (2, 5) and give == "original" and "hooks are only partially" in r.getMessage())]
     assert not dynamo_noise, dynamo_noise[:2]
     said = [r.getMessage() for r in caplog.records if r.name.startswith("probe")]
     assert len(said) == 1 and "torch.compile" in said[0], said

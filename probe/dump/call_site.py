@@ -20,6 +20,7 @@ import inspect
 import sys
 
 from probe import python_compat
+from probe.torch_compat import EAGER_FRAME_CODE
 
 _CALL_OPS = {dis.opmap[name] for name in ("CALL", "CALL_KW", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD") if name in dis.opmap}
 _KW_NAMES = dis.opmap.get("KW_NAMES")
@@ -45,7 +46,12 @@ class _Plan:
             self.kw_from_kwargs, self.kw_mixed = None, kw_sources
 
 
-def as_called(func, args, kwargs, api_frame_limit=8):
+# Frames between here and the API's own: probe's handler chain, the mode, torch's dispatch
+# (torch < 2.5: run_eagerly's frame round the mode and round the handler, two more).
+_API_FRAME_LIMIT = 8 if EAGER_FRAME_CODE is None else 10
+
+
+def as_called(func, args, kwargs, api_frame_limit=_API_FRAME_LIMIT):
     """``(args, kwargs)`` re-split the way the caller of ``func`` wrote the call."""
     if not python_compat.READS_BYTECODE:
         return args, kwargs

@@ -26,8 +26,8 @@ from probe.hook_module.interceptor import state
 from probe.hook_module.own_work import no_function_mode
 from probe.log_once import LogOnce
 from probe.tensor_tree import flat_tensors
-from probe.torch_compat import is_compiling as _is_compiling
-from probe.torch_compat import restore_optimizer_step_hooks
+from probe.torch_compat import compiling as _is_compiling
+from probe.torch_compat import restore_optimizer_step_hooks, run_eagerly
 
 # Dynamo traces module hooks inside a compiled model: they return at once there.
 _said = LogOnce(logging.getLogger(__name__))
@@ -35,13 +35,20 @@ _said = LogOnce(logging.getLogger(__name__))
 
 def runs_compiled(model) -> bool:
     """Whether ``model`` is a ``torch.compile`` wrapper, or dynamo already holds compiled
-    code for its forward (``torch.compile(model)`` called with the original passed to
-    ``start``: known from the second step on)."""
+    code for its forward or, when not (dynamo before torch 2.5 leaves a forward whose loop
+    over blocks has a graph break uncompiled, and compiles each block), for the forward of
+    one of its submodules' own classes (``torch.compile(model)`` called with the original
+    passed to ``start``: known from the second step on)."""
     try:
         from torch._dynamo import eval_frame
         if isinstance(model, eval_frame.OptimizedModule) or getattr(model, "_compiled_call_impl", None):
             return True
-        return bool(eval_frame._debug_get_cache_entry_list(type(model).forward.__code__))
+        compiled = eval_frame._debug_get_cache_entry_list
+        if compiled(type(model).forward.__code__):
+            return True
+        classes = {type(m) for m in model.modules()}
+        return any(compiled(cls.forward.__code__) for cls in classes
+                   if not cls.__module__.startswith("torch.") and hasattr(cls.forward, "__code__"))
     except Exception:       # another torch: dynamo's internals moved; hook as before
         return False
 
@@ -252,8 +259,9 @@ class ModuleDumper:
                 api.entries.fail(name, exc)
             return None
 
-        self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        self.handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+        # torch < 2.5: hooks called from code dynamo compiles are not compiled themselves
+        self.handles.append(module.register_forward_pre_hook(run_eagerly(pre), with_kwargs=True))
+        self.handles.append(module.register_forward_hook(run_eagerly(post), with_kwargs=True, always_call=True))
 
     def _before(self, module, name, fwd, args, kwargs, parent):
         api = self.api

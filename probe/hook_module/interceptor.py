@@ -45,8 +45,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from probe.hook_module import collectives
-from probe.torch_compat import TensorBase
-from probe.torch_compat import is_compiling as _is_compiling
+from probe.torch_compat import EAGER_FRAME_CODE, TensorBase, run_eagerly
+from probe.torch_compat import compiling as _is_compiling
 
 
 class _ThreadState(threading.local):
@@ -86,6 +86,7 @@ class _Mode(TorchFunctionMode):
         self._op_name = operators.name
         self._interceptor = interceptor
 
+    @run_eagerly   # torch < 2.5: run for each op of a compiled graph, never compiled
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
@@ -129,6 +130,8 @@ def _dispatching_original(func):
     The frame that called ``handle_torch_function`` is the original's: call that instead.
     """
     f = sys._getframe(2)
+    if f is not None and f.f_code is EAGER_FRAME_CODE:   # torch < 2.5: the mode's wrapper
+        f = f.f_back
     if f is None:
         return None
     if f.f_code is not _HANDLE_CODE:
@@ -199,7 +202,7 @@ class _Patches:
         self.originals[key] = owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) else func
         collective = getattr(owner, "__name__", "") == "torch.distributed"
 
-        def wrapper(*args, **kwargs):
+        def patched(*args, **kwargs):
             if _is_compiling():
                 return func(*args, **kwargs)
             active = state.active
@@ -212,6 +215,7 @@ class _Patches:
                 return collectives.unwrap(active.call(name, collectives.CollectiveCall(func, attr), args, kwargs))
             return active.call(name, func, args, kwargs)
 
+        wrapper = run_eagerly(patched)   # torch < 2.5: called from compiled code, never compiled
         wrapper.__name__ = getattr(func, "__name__", attr)
         wrapper.__qualname__ = getattr(func, "__qualname__", attr)
         wrapper.__doc__ = getattr(func, "__doc__", None)
@@ -235,7 +239,7 @@ class Interceptor:
 
     def __init__(self, resolved, handler):
         self.resolved = resolved
-        self.handler = handler
+        self.handler = run_eagerly(handler)   # torch < 2.5: called from compiled code, never compiled
         self.patched_names = {(torch.Tensor, attr): full for attr, full in resolved.operators.patched.items()}
         self.patched_names.update(((owner, attr), full) for owner, attr, full in resolved.patched)
         # Collectives cannot run before a process group exists: patched only once one does.

@@ -27,6 +27,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from probe import python_compat
+from probe.torch_compat import EAGER_FRAME_CODE
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,8 @@ def _plumbing_codes():
     wrapped = getattr(torch.Tensor.__pow__, "__code__", None)
     if wrapped is not None:
         codes.add(wrapped)
+    if EAGER_FRAME_CODE is not None:   # torch < 2.5: the mode runs under a wrapper
+        codes.add(EAGER_FRAME_CODE)
     return frozenset(id(c) for c in codes)
 
 
