@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from custom_ops import define
 
 from probe.debugger import PrecisionDebugger
 from probe.forensics import backward_origin
@@ -11,16 +12,11 @@ from probe.forensics import backward_origin
 ERR = RuntimeError("custom backward kernel failed")
 
 
-@torch.library.custom_op("probe_origin_test::gate", mutates_args=())
-def _gate(x: torch.Tensor) -> torch.Tensor:
-    return x.clone()
-
-
 def _gate_backward(ctx, grad):
     raise ERR
 
 
-torch.library.register_autograd("probe_origin_test::gate", _gate_backward)
+define("probe_origin_test", "gate(Tensor x) -> Tensor", lambda x: x.clone(), backward=_gate_backward)
 
 
 class Gate(torch.nn.Module):

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from custom_ops import define
 
 from probe.debugger import PrecisionDebugger
 from probe.forensics import crash
@@ -16,15 +17,17 @@ from probe.forensics import crash
 ERR = ValueError("kernel wrote out of bounds")
 
 
-@torch.library.custom_op("probe_crash_test::fail", mutates_args=())
-def _fail(x: torch.Tensor, scale: float) -> torch.Tensor:
+def _fail(x, scale):
     raise ERR
 
 
-@torch.library.custom_op("probe_crash_test::bump_then_fail", mutates_args=("x",))
-def _bump_then_fail(x: torch.Tensor) -> None:
+def _bump_then_fail(x):
     x.add_(1)           # a kernel that scribbles on its input, then dies
     raise ERR
+
+
+define("probe_crash_test", "fail(Tensor x, float scale) -> Tensor", _fail)
+define("probe_crash_test", "bump_then_fail(Tensor(a!) x) -> ()", _bump_then_fail)
 
 
 class Block(torch.nn.Module):

@@ -6,30 +6,18 @@ import textwrap
 
 import torch
 import torch.nn.functional as F
+from custom_ops import define
 
 from probe.cli import main as cli_main
 from probe.debugger import PrecisionDebugger
 from probe.forensics import meta_check
 
-
-@torch.library.custom_op("probe_meta_test::scale", mutates_args=())
-def _scale(x: torch.Tensor) -> torch.Tensor:
-    return (x * 2).float()                      # the kernel always writes fp32
-
-
-@_scale.register_fake
-def _(x):
-    return torch.empty_like(x, dtype=torch.bfloat16)   # the meta function says bf16
-
-
-@torch.library.custom_op("probe_meta_test::pool", mutates_args=())
-def _pool(x: torch.Tensor) -> torch.Tensor:
-    return x.sum(-1)
-
-
-@_pool.register_fake
-def _(x):
-    return x.new_empty(x.shape)                 # forgot the reduction: wrong shape
+define("probe_meta_test", "scale(Tensor x) -> Tensor",
+       lambda x: (x * 2).float(),                                  # the kernel always writes fp32
+       fake=lambda x: torch.empty_like(x, dtype=torch.bfloat16))   # the meta function says bf16
+_pool = define("probe_meta_test", "pool(Tensor x) -> Tensor",
+               lambda x: x.sum(-1),
+               fake=lambda x: x.new_empty(x.shape))               # forgot the reduction: wrong shape
 
 
 class Model(torch.nn.Module):
@@ -127,12 +115,11 @@ def test_cli_runs_a_script(tmp_path, capsys):
     script.write_text(textwrap.dedent("""
         import sys
         import torch
-        @torch.library.custom_op("probe_meta_cli::cast", mutates_args=())
-        def cast(x: torch.Tensor) -> torch.Tensor:
-            return x.float() * 2
-        @cast.register_fake
-        def _(x):
-            return torch.empty_like(x)
+        lib = torch.library.Library("probe_meta_cli", "DEF")
+        lib.define("cast(Tensor x) -> Tensor")
+        lib.impl("cast", lambda x: x.float() * 2, "CompositeExplicitAutograd")
+        lib.impl("cast", lambda x: torch.empty_like(x), "Meta")
+        cast = torch.ops.probe_meta_cli.cast
         lin = torch.nn.Linear(4, 4)
         for _ in range(3):
             y = cast(lin(torch.randn(2, 4)).to(torch.bfloat16))
