@@ -164,3 +164,35 @@ def test_hf32_of_torch_npu_is_recorded(tmp_path, monkeypatch):
     assert modes["npu.matmul.allow_hf32"] is True and "npu.matmul.allow_hf32" in reduced_precision(modes)
     torch.npu.matmul.allow_hf32 = False
     assert "npu.matmul.allow_hf32" not in reduced_precision(math_modes())
+
+
+def _write_dump(path, entries):
+    path.mkdir(parents=True)
+    doc = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": entries}
+    (path / "dump.json").write_text(json.dumps(doc), encoding="utf-8")
+    return str(path / "dump.json")
+
+
+def _stat(shape, mx, mn, mean, norm, dtype="torch.float32"):
+    return {"type": "torch.Tensor", "dtype": dtype, "shape": shape, "Max": mx, "Min": mn, "Mean": mean,
+            "Norm": norm, "requires_grad": False}
+
+
+def test_finite_statistics_never_differ_by_inf(tmp_path):
+    """A call whose output has another shape on one side (keepdim on one device) with finite
+    statistics is not measured: never "differs by inf"; NaN on one side only still is."""
+    from probe.compare import compare
+    x = _stat([4, 4], 2.0, -1.0, 0.5, 3.0)
+    npu = _write_dump(tmp_path / "npu", {
+        "Torch.sum.0.forward": {"input_args": [x], "input_kwargs": {}, "output": [_stat([4, 1], 3.0, 1.0, 2.0, 4.5)]},
+        "Torch.exp.0.forward": {"input_args": [x], "input_kwargs": {}, "output": [_stat([4, 4], float("nan"), 0.3, 1.0, 5.0)]}})
+    bench = _write_dump(tmp_path / "bench", {
+        "Torch.sum.0.forward": {"input_args": [x], "input_kwargs": {}, "output": [_stat([4], 3.0, 1.0, 2.0, 4.5)]},
+        "Torch.exp.0.forward": {"input_args": [x], "input_kwargs": {}, "output": [_stat([4, 4], 7.4, 0.3, 1.0, 5.0)]}})
+    paths = compare({"npu_json_path": npu, "bench_json_path": bench, "is_print_compare_log": False},
+                    str(tmp_path / "out"), html=False)
+    with open(paths[-1], encoding="utf-8") as fh:
+        summary = json.load(fh)
+    assert "inf" not in summary["verdict"].split("Torch.exp")[0], summary["verdict"]
+    assert summary["first_divergence"]["name"] == "Torch.exp.0.forward", summary["verdict"]
+    assert "Torch.sum.0.forward" not in [s["npu_name"] for s in summary["suspects"]]

@@ -305,8 +305,8 @@ def row_errors(result) -> list:
             if a.shape == b.shape:
                 by_stats.append(i)
                 continue
-        if verdicts[i] == "error":          # shape / dtype / NaN placement: nothing to measure
-            out[i] = math.inf
+        if verdicts[i] == "error" and _nonfinite_differs(a, b):   # NaN/Inf on one side only
+            out[i] = math.inf   # (a shape or dtype mismatch with finite numbers is not measured)
     if by_stats:
         pairs = result.pairs
         a, b, numel = _stats_arrays([pairs[i].npu for i in by_stats], [pairs[i].bench for i in by_stats])
@@ -316,9 +316,17 @@ def row_errors(result) -> list:
         for i, e in zip(by_stats, stat_errors(a, b, numel, floor).tolist()):
             if not math.isnan(e):
                 out[i] = e
-            elif verdicts[i] == "error":
+            elif verdicts[i] == "error" and _nonfinite_differs(pairs[i].npu, pairs[i].bench):
                 out[i] = math.inf
     return out
+
+
+def _nonfinite_differs(a, b) -> bool:
+    """One side's statistics hold NaN/Inf where the other's do not: an infinite error. Finite
+    statistics never make one ("differs by inf" would say nothing about the call)."""
+    fa = [isinstance(x, float) and not math.isfinite(x) for x in a.stats]
+    fb = [isinstance(x, float) and not math.isfinite(x) for x in b.stats]
+    return fa != fb
 
 
 def _cancellation_floors(result, calls, errors):
