@@ -10,7 +10,7 @@ import logging
 
 import torch
 
-from probe.dump import stats
+from probe.dump import dtensor_layout, stats
 from probe.dump.records import BackwardEntry, ForwardEntry, describe_value
 from probe.dump.stack import StackTable
 from probe.hook_module.interceptor import guard
@@ -129,10 +129,14 @@ class EntryBuilder:
     def summary(self, t, summaries):
         s = summaries.cache.summary(t)
         if s is None:
+            local, layout = dtensor_layout.split(t)   # a DTensor: its shard, no collective
             s = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape),
                  "Max": None, "Min": None, "Mean": None, "Norm": None,
                  "requires_grad": t.requires_grad}
-            summaries.add(t, s)
+            if layout is not None:
+                s.update(layout)
+            summaries.add(local, s)
+            t = local
         if self.md5:
             s["md5"] = stats.crc32(t)
         return s
@@ -153,7 +157,7 @@ class EntryBuilder:
 
     def save(self, t, file_stem):
         name = file_stem + self.ext
-        self.writer.add_tensor(name, self.host_copy(t))
+        self.writer.add_tensor(name, self.host_copy(dtensor_layout.split(t)[0]))
         return name
 
     def fetch_deferred(self):
@@ -185,7 +189,7 @@ class EntryBuilder:
             else:
                 s["_pending"] = summaries
             if self.save_tensors:
-                s["_tensor"] = self.host_copy(g)
+                s["_tensor"] = self.host_copy(dtensor_layout.split(g)[0])
             return s
 
     @staticmethod
