@@ -11,7 +11,7 @@ import torch
 
 from probe import Monitor
 from probe.errors import ConfigError
-from probe.torch_compat import TORCH
+from probe.torch_compat import GLOBAL_HOOKS_TAKE_KWARGS, TORCH
 
 transformers = pytest.importorskip("transformers")
 
@@ -439,3 +439,31 @@ def test_device_statistics_reach_the_host_in_one_transfer_per_logged_step(tmp_pa
     weights = [r for r in rows if r["name"] == LAYER + ".weight"]
     assert all(float(r["weight_norm"]) > 0 and float(r["grad_norm_pre"]) > 0 and
                float(r["exp_avg_sq_norm"]) > 0 and float(r["update_ratio"]) > 0 for r in weights)
+
+
+def test_module_called_with_keyword_arguments_only(tmp_path, caplog):
+    """Its input statistics come from its keyword arguments where global hooks get them
+    (torch 2.6 on); before, the monitor says once that they are not recorded."""
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.inner(input=x).sum()
+
+    torch.manual_seed(0)
+    model = Outer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level(logging.WARNING, logger="probe"), Monitor(output_dir=str(tmp_path), activations=True) as mon:
+        mon.set_monitor(model, optimizer=opt)
+        for _ in range(2):
+            model(torch.randn(2, 4)).backward()
+            opt.step()
+            opt.zero_grad()
+    rows = [r for r in read_csv(tmp_path / "metrics_rank0.csv") if r["name"] == "inner"]
+    said = [r.getMessage() for r in caplog.records if "keyword arguments" in r.getMessage()]
+    if GLOBAL_HOOKS_TAKE_KWARGS:
+        assert rows and all(r["input_norm"] for r in rows) and not said
+    else:
+        assert rows and not any(r["input_norm"] for r in rows) and len(said) == 1 and "inner" in said[0]

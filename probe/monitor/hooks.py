@@ -37,7 +37,6 @@ from probe.torch_compat import (
 from probe.torch_compat import is_compiling as _is_compiling
 
 log = logging.getLogger(__name__)
-_said = LogOnce(log)
 
 # phases of a step, in the order things happen
 FORWARD, BACKWARD, REDUCED, OPTIMIZER = 0, 1, 2, 3
@@ -85,13 +84,6 @@ def _loss_of(output):
     return None
 
 
-def _kwargs_unseen(name):
-    """Said once: on torch < 2.6 a global hook gets no keyword arguments (torch_compat)."""
-    _said.warning("kwargs", "probe monitor: this torch (< 2.6) does not pass keyword arguments to "
-                  "global module hooks; input statistics of modules called with keyword arguments "
-                  "only (first: %s) are not recorded", name)
-
-
 class Once:
     """Log a failure once per place; the training step never sees it."""
 
@@ -117,6 +109,7 @@ class Collector:
         self.rank = rank
         self.on_step = on_step
         self.failures = failures
+        self.said = LogOnce(log)   # what this torch cannot give the monitor, said once each
         self.step = 0
         self.buffer = StepBuffer()
         self.cache = SummaryCache()
@@ -244,9 +237,9 @@ class Collector:
             return self._compiled_forward_hook(module, args, kwargs, output)
         if in_compile_trace():  # a module kept whole in a compiled graph, run on fake tensors
             if module in self.watched and not dynamo_inlines_nn_modules():
-                _said.warning("compiled", "probe monitor: this torch.compile keeps torch.nn's modules whole "
-                              "in its graph (torch < 2.5): activations of %s and the like are not recorded "
-                              "while the model runs compiled", self.names[module])
+                self.said.warning("compiled", "probe monitor: this torch.compile keeps torch.nn's modules "
+                                  "whole in its graph (torch < 2.5): activations of %s and the like are not "
+                                  "recorded while the model runs compiled", self.names[module])
             return None
         return self._forward_hook(module, args, kwargs, output)
 
@@ -276,7 +269,10 @@ class Collector:
                         if inp is None and kwargs:
                             inp = first_float(kwargs)
                         if not args and not GLOBAL_HOOKS_TAKE_KWARGS:
-                            _kwargs_unseen(name)
+                            self.said.warning("kwargs", "probe monitor: this torch (< 2.6) does not pass "
+                                              "keyword arguments to global module hooks; input statistics of "
+                                              "modules called with keyword arguments only (first: %s) are not "
+                                              "recorded", name)
                         if inp is not None:
                             self.buffer.add_tensor_summary(in_keys, (FORWARD, seq, 1), inp, self.cache)
                 if module is self.model:
