@@ -361,6 +361,39 @@ def test_a_step_the_npu_did_not_dump_is_one_error(tmp_path, npu_two_dropouts):
     assert "has no step1" in _one_line(info)
 
 
+class _DropNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.3)
+
+    def forward(self, x):
+        return self.drop(torch.relu(self.fc(x))).sum()
+
+
+@pytest.mark.parametrize("level", ["L0", "mix", "L2"])
+def test_replay_works_at_every_level_and_adds_no_entry(tmp_path, level):
+    """At L0 no API entry exists, at L2 a dispatch mode records kernels: the draws are
+    taken all the same, and probe's own tensor work makes no kernel entry."""
+    grads, names = [], []
+    for side, seed in (("npu", 1), ("bench", 2)):
+        torch.manual_seed(0)
+        model, x = _DropNet(), torch.randn(4, 8)
+        torch.manual_seed(seed)
+        kw = {"random_from": str(tmp_path / "npu")} if side == "bench" else {}
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / side), task="statistics", level=level, model=model, **kw)
+        for _ in range(2):
+            dbg.start()
+            model(x).backward()
+            dbg.stop()
+            dbg.step()
+        dbg.close()
+        grads.append(model.fc.weight.grad)
+        names.append([list(load_dump(tmp_path / side, s)) for s in (0, 1)])
+    assert torch.equal(grads[0], grads[1])
+    assert names[0] == names[1]
+
+
 # ---------------------------------------------------------------- what cannot be taken
 
 @pytest.mark.parametrize("side", ["npu", "bench"])

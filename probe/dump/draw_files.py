@@ -18,9 +18,10 @@ included). What each one is goes in the header's ``__metadata__``, a JSON text p
 output (values); ``p`` is the dropout probability (masks only). ``safetensors.numpy``
 reads the file; probe reads it without that package.
 
-One file a step, written whole at ``step()``: creating a file costs ~0.2 ms on an overlay
-disk, and an .npz (a zip member per draw) or an index next to a data file cost 0.6 ms a
-step of the dropout GPT-2 (bench/draws.py). Nothing in it is pickled or names another
+One file a step, written whole at ``step()`` with one create and one write: creating a
+file costs 0.2-0.6 ms on the ext4 disk of this project's test machine, and an .npz (a zip
+member per draw) or an index next to a data file cost twice that on the dropout GPT-2 of
+bench/draws.py. Nothing in it is pickled or names another
 file, so the bench can neither unpickle nor be led outside the dump; every offset is
 checked against the file's size, and every defect is a one-line
 :class:`~probe.errors.ConfigError` naming the file.
@@ -99,6 +100,13 @@ def pack_nonzero(t: torch.Tensor) -> np.ndarray:
     return pack_mask(t != 0)
 
 
+def zero_free(t: torch.Tensor) -> bool:
+    """No element of ``t`` is 0 (numpy counts a CPU tensor of a dtype it has)."""
+    if t.device.type == "cpu" and t.dtype not in _NOT_NUMPY:
+        return np.count_nonzero(t.detach().numpy()) == t.numel()
+    return int(t.count_nonzero()) == t.numel()
+
+
 _NOT_NUMPY = frozenset(d for d in (torch.bfloat16, getattr(torch, "float8_e4m3fn", None),
                                    getattr(torch, "float8_e5m2", None)) if d is not None)
 
@@ -164,15 +172,50 @@ def _text(rec: DrawRecord) -> str:
     return text
 
 
-def write_bytes(rank_dir: str, data: bytes) -> None:
-    """``data`` as ``rank_dir/draws.safetensors`` (one create, one write)."""
-    fd = os.open(os.path.join(rank_dir, FILE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def write_bytes(rank_dir: str, data: bytes, spare: Optional[Tuple[str, int]] = None) -> None:
+    """``data`` as ``rank_dir/draws.safetensors``: written into ``spare`` (a file made ahead,
+    ``make_spare``) and renamed into place, or created here."""
+    final = os.path.join(rank_dir, FILE)
+    if spare is None:
+        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+        return
+    path, fd = spare
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, data)
+        os.rename(path, final)
+    except BaseException:
+        _remove(path)
+        raise
     finally:
         os.close(fd)
+
+
+def make_spare(path: str) -> Tuple[str, int]:
+    """An empty file at ``path``, open for writing (``write_bytes``' ``spare``)."""
+    return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+
+def drop_spare(spare: Tuple[str, int]) -> None:
+    path, fd = spare
+    os.close(fd)
+    _remove(path)
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def write_step(rank_dir: str, draws: Dict[str, Tuple[DrawRecord, np.ndarray]]) -> None:

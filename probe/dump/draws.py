@@ -51,7 +51,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from probe.dump import draw_files as files
 from probe.dump.draw_files import MASK, VALUES, DrawRecord
+from probe.dump.modules import blocked
 from probe.errors import ConfigError, DrawMismatch
+from probe.hook_module.interceptor import state
 from probe.hook_module.own_work import no_function_mode
 from probe.log_once import LogOnce
 from probe.precheck.entries import DROPOUT_ARGS, RANDOM
@@ -94,6 +96,25 @@ class _Kinds(dict):
         return kind
 
 
+class _own_work:
+    """probe's own torch calls here: past every function mode, not APIs (the interceptor's
+    depth), not kernels (the L2 dispatch mode's ``blocked``), as module hooks' are."""
+    __slots__ = ("mode",)
+
+    def __enter__(self):
+        state.depth += 1
+        blocked.value += 1
+        self.mode = no_function_mode()
+        self.mode.__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            self.mode.__exit__(*exc)
+        finally:
+            blocked.value -= 1
+            state.depth -= 1
+
+
 def _arg(args, kwargs, pos, key, default):
     if len(args) > pos:
         return args[pos]
@@ -102,24 +123,60 @@ def _arg(args, kwargs, pos, key, default):
 
 class _Dropout:
     """A dropout call that draws: its input, p, how to redo it, and (``prepare``, before
-    the call) where its mask will be read from."""
-    __slots__ = ("x", "p", "inplace", "functional", "leaf", "zero_free", "state")
+    the call) the generator state it starts from."""
+    __slots__ = ("x", "p", "inplace", "functional", "leaf", "state")
 
     def __init__(self, x, p, inplace, functional, leaf):
         self.x, self.p, self.inplace, self.functional, self.leaf = x, p, inplace, functional, leaf
-        self.zero_free = False   # no element of the input is 0: output != 0 is the mask
         self.state = None        # (generator, its state before the call): the mask is redrawn
 
     def prepare(self):
-        if self.leaf == "native_dropout":   # the mask is an output
-            return
-        x = self.x
-        if self.leaf not in _ALPHA and int(x.count_nonzero()) == x.numel():
-            self.zero_free = True
-            return
-        gen = _generator(x.device)
-        if gen is not None:
-            self.state = (gen, gen.get_state())
+        """Before the call: the generator state a redraw needs (native_dropout's mask is
+        an output)."""
+        if self.leaf != "native_dropout":
+            gen = _generator(self.x.device)
+            if gen is not None:
+                self.state = (gen, gen.get_state())
+
+
+class _Redraw:
+    """A dropout call drawn again from the generator state it started with, on a tensor of
+    ones laid out as its input: the same kernel from the same state draws the same mask.
+    Holds no tensor of the run, so that it can wait for the end of the step."""
+    __slots__ = ("func", "p", "inplace", "functional", "size", "stride", "dtype", "device", "state")
+
+    def __init__(self, call, func):
+        x = call.x
+        self.func, self.p, self.inplace, self.functional = func, call.p, call.inplace, call.functional
+        self.size, self.stride, self.dtype, self.device = tuple(x.shape), x.stride(), x.dtype, x.device
+        self.state = call.state
+
+    def record(self):
+        return DrawRecord(MASK, self.size, str(self.dtype), self.p)
+
+    def mask(self):
+        """The drawn mask (alpha dropouts: a kept element is a + b > 0, a dropped one < 0);
+        the generator is left as it was found."""
+        gen, before = self.state
+        after = gen.get_state()
+        gen.set_state(before)
+        try:
+            ones = _ones(self.size, self.stride, self.dtype, self.device)
+            out = self.func(ones, self.p, True, self.inplace) if self.functional else self.func(ones, self.p, True)
+        finally:
+            gen.set_state(after)
+        return out > 0
+
+
+def _ones(size, stride, dtype, device):
+    """Ones with the input's strides (a kernel may draw in memory order), contiguous where
+    those strides overlap (as empty_like makes them for such an input)."""
+    if all(st or n <= 1 for n, st in zip(size, stride)):
+        try:
+            return torch.empty_strided(size, stride, dtype=dtype, device=device).fill_(1)
+        except RuntimeError:
+            pass
+    return torch.ones(size, dtype=dtype, device=device)
 
 
 def _dropout_call(name, leaf, args, kwargs):
@@ -202,7 +259,8 @@ class DrawHandler:
                                    f"no such call: it makes fewer random calls than the NPU run")
 
     def close(self):
-        """Write what is pending and wait for it (the bench side checks nothing here)."""
+        """Write what is pending and remove the helper's unused file (the bench side
+        checks nothing here)."""
         if self.recorder is not None:
             self.recorder.close()
         if self.source is not None:
@@ -251,7 +309,7 @@ class DrawHandler:
         if kind != MASK:
             return None
         try:
-            with no_function_mode():
+            with _own_work():
                 call = _dropout_call(name, name.rsplit(".", 1)[-1], args, kwargs)
                 if not isinstance(call, _Dropout):
                     return False
@@ -263,9 +321,13 @@ class DrawHandler:
 
     def _after(self, kind, name, entry, func, call, out):
         try:
-            with no_function_mode():
+            with _own_work():
                 if kind == MASK:
-                    rec, data = self._mask_of(name, func, call, out)
+                    drawn = self._mask_of(name, func, call, out)
+                    if isinstance(drawn, _Redraw):   # drawn again when the step ends
+                        self.recorder.add_redraw(entry, drawn)
+                        return
+                    rec, data = drawn
                 else:
                     if not isinstance(out, torch.Tensor):
                         raise TypeError(f"returned {type(out).__name__}, not a tensor")
@@ -275,46 +337,40 @@ class DrawHandler:
             self._fail(name, exc)
 
     def _mask_of(self, name, func, call, out):
-        """The mask the call drew, bit-packed.
+        """The mask the call drew: (record, bit-packed mask), or a ``_Redraw`` to run when
+        the step ends.
 
-        Where the input has no 0, the mask is ``output != 0``. Elsewhere that cannot tell
-        a dropped element from a kept one whose input was 0 (the zeros of a causal
-        attention's probabilities are half of them), and the gradient there depends on it;
-        nor can it read an alpha dropout. So the call is drawn again on a tensor of ones
-        from the generator state it started with, and the state after the real call is
-        put back: the same kernel from the same state draws the same mask. (A device whose
-        generator probe does not know, or a redraw its output contradicts, falls back to
-        ``output != 0``, said once: an element whose input was 0 is then recorded as
-        dropped.)
+        ``output != 0`` cannot tell a dropped element from a kept one whose input was 0
+        (the zeros of a causal attention's probabilities are half of them), and the
+        gradient there depends on it; nor can it read an alpha dropout. So the call is
+        drawn again on ones from the generator state it started with (``_Redraw``), and
+        the generator put back. On the CPU that waits for ``step()``, where the redraws of
+        a step run one after another (~30 us each; during the step, between the dump's
+        own work, the same costs ~3x: cold caches). Elsewhere it runs at once and is
+        checked against the output (a device whose generator probe does not know, or a
+        redraw its output contradicts, falls back to ``output != 0``, said once: an
+        element whose input was 0 is then recorded as dropped).
         """
         x = call.x
-        record = DrawRecord(MASK, tuple(x.shape), str(x.dtype), call.p)
         if call.leaf == "native_dropout":
-            return record, files.pack_nonzero(out[1])
-        if call.zero_free:
-            return record, files.pack_nonzero(out)
+            return DrawRecord(MASK, tuple(x.shape), str(x.dtype), call.p), files.pack_nonzero(out[1])
         if call.state is None:
             self._said.warning(("no generator", x.device.type), "probe: no default generator known for %s: "
                                "dropout masks are recorded as output != 0 (an element whose input was 0 counts "
                                "as dropped)", x.device.type)
-            return record, files.pack_nonzero(out)
-        gen, before = call.state
-        after = gen.get_state()
-        gen.set_state(before)
-        try:
-            ones = torch.ones_like(x)
-            redo = func(ones, call.p, True, call.inplace) if call.functional else func(ones, call.p, True)
-        finally:
-            gen.set_state(after)
-        mask = redo > 0      # alpha dropouts: a kept element is a + b > 0, a dropped one < 0
-        if call.leaf not in _ALPHA and x.device.type != "cpu":   # the CPU's redraw is exact
+            return DrawRecord(MASK, tuple(x.shape), str(x.dtype), call.p), files.pack_nonzero(out)
+        redraw = _Redraw(call, func)
+        if x.device.type == "cpu":   # the CPU's redraw is exact (tests/test_draw_replay.py)
+            return redraw
+        mask = redraw.mask()
+        if call.leaf not in _ALPHA:
             kept = out != 0
             if not torch.equal(kept & mask, kept):
                 self._said.warning(("redraw", name), "probe: %s: drawing the mask again did not reproduce the "
                                    "call's; recorded as output != 0 (an element whose input was 0 counts as "
                                    "dropped)", name)
                 mask = kept
-        return record, files.pack_mask(mask)
+        return redraw.record(), files.pack_mask(mask)
 
     # ---- bench side ---------------------------------------------------------------
     def _take(self, kind, name, entry, args, kwargs):
@@ -335,10 +391,12 @@ class DrawHandler:
                 raise self._mismatch(entry, f"input shape {list(call.x.shape)} here, {list(rec.shape)} in the NPU run")
             if call.p != rec.p:
                 raise self._mismatch(entry, f"p={call.p} here, p={rec.p} in the NPU run")
-            take = _TakeDraw(mask=draws.mask(entry).to(call.x.device), p=call.p)
+            with _own_work():
+                take = _TakeDraw(mask=draws.mask(entry).to(call.x.device), p=call.p)
         else:
             self._check(entry, rec, VALUES)
-            take = _TakeDraw(values=draws.values(entry))
+            with _own_work():
+                take = _TakeDraw(values=draws.values(entry))
         self.source.taken.add(entry)
         return take
 
@@ -409,22 +467,23 @@ class _TakeDraw(TorchDispatchMode):
         if self.taken or self.error is not None or func.overloadpacket not in _random_kernels():
             return func(*args, **kwargs)
         out = func(*args, **kwargs)   # the bench's own draw, so that its generator moves on
-        if self.mask is not None:
-            if func is torch.ops.aten.bernoulli_.float:
-                out.copy_(_fit(self.mask, out))
-            elif func is torch.ops.aten.native_dropout.default:
-                out = (_masked_output(args[0], self.mask, self.p), self.mask.to(out[1].dtype))
+        with _own_work():             # (at L2 the kernel dumper records the real call, not this)
+            if self.mask is not None:
+                if func is torch.ops.aten.bernoulli_.float:
+                    out.copy_(_fit(self.mask, out))
+                elif func is torch.ops.aten.native_dropout.default:
+                    out = (_masked_output(args[0], self.mask, self.p), self.mask.to(out[1].dtype))
+                else:
+                    self.seen = str(func)
+                    return out
             else:
-                self.seen = str(func)
-                return out
-        else:
-            if not isinstance(out, torch.Tensor):
-                self.seen = str(func)
-                return out
-            if tuple(out.shape) != tuple(self.values.shape):
-                self.error = f"output shape {list(out.shape)} here, {list(self.values.shape)} in the NPU run"
-                return out
-            out.copy_(self.values)
+                if not isinstance(out, torch.Tensor):
+                    self.seen = str(func)
+                    return out
+                if tuple(out.shape) != tuple(self.values.shape):
+                    self.error = f"output shape {list(out.shape)} here, {list(self.values.shape)} in the NPU run"
+                    return out
+                out.copy_(self.values)
         self.taken = True
         return out
 
@@ -471,69 +530,83 @@ def _masked_output(x, mask, p):
 
 
 class _Recorder:
-    """NPU side: one step's draws, written next to its dump.json once the step ends.
+    """NPU side: one step's draws, written next to its dump.json when the step ends.
 
-    The training thread encodes the file at ``step()`` (~50 us) and a helper thread
-    creates and writes it while the next step trains: creating a file costs 0.2-0.6 ms
-    on this project's test machines' disks (bench/draws.py), and the helper holds the GIL
-    only around its three system calls. The file of step N is complete when step N+1
-    starts (``start()``) or ``close()`` returns.
+    The file is written by the training thread at ``step()``, so that it is complete when
+    ``step()`` returns like the step's other files; but it is created ahead, empty, in the
+    dump folder by a helper thread (``.draws-{pid}-{n}.tmp``) and renamed into the step's
+    folder: creating a file costs 0.2-0.6 ms on the ext4 disk of this project's test
+    machine, a rename ~10 us (bench/draws.py). The helper's file is used when it is ready
+    (otherwise the file is created here); one left unused is removed at ``close()``.
     """
 
     def __init__(self, said):
         self._said = said
         self.rank_dir = None
         self.draws: dict = {}
+        self.redraws: list = []     # (entry, _Redraw) of the step's CPU dropouts
         self._pool: Optional[ThreadPoolExecutor] = None
-        self._writing: Optional[Future] = None
+        self._spare: Optional[Future] = None   # the helper's file: (path, fd)
+        self._made = 0
 
     def open_step(self, rank_dir):
-        self.wait()
         if rank_dir != self.rank_dir:
             self.end_step()
             self.rank_dir = rank_dir
+        if self._spare is None:
+            self._order_spare(os.path.dirname(os.path.dirname(rank_dir)))
 
     def add(self, entry, record, array):
         if self.rank_dir is not None:
             self.draws[entry] = (record, array)
 
+    def add_redraw(self, entry, redraw):
+        if self.rank_dir is not None:
+            self.redraws.append((entry, redraw))
+
     def end_step(self):
-        rank_dir, draws = self.rank_dir, self.draws
-        self.rank_dir, self.draws = None, {}
-        if rank_dir is None or not draws:   # a step that drew nothing has no file
+        rank_dir, draws, redraws = self.rank_dir, self.draws, self.redraws
+        self.rank_dir, self.draws, self.redraws = None, {}, []
+        if rank_dir is None or not (draws or redraws):   # a step that drew nothing has no file
             return
         try:
-            data = files.encode_step(draws)
+            with _own_work():
+                for entry, redraw in redraws:
+                    draws[entry] = (redraw.record(), files.pack_mask(redraw.mask()))
+            files.write_bytes(rank_dir, files.encode_step(draws), self._ready_spare())
         except Exception as exc:   # never into the training script
-            self._failed(rank_dir, exc)
-            return
-        self.wait()
+            self._said.error("write", "probe: writing the draws of %s failed (%s: %s); training goes on, a bench "
+                             "run cannot replay that step", rank_dir, type(exc).__name__, exc)
+
+    def _order_spare(self, root):
+        path = os.path.join(root, f".draws-{os.getpid()}-{self._made}.tmp")
+        self._made += 1
         try:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="probe-draws")
-            self._writing = self._pool.submit(self._write, rank_dir, data)
-        except RuntimeError:   # at interpreter exit (close() from atexit) no thread starts: write here
-            self._write(rank_dir, data)
+            self._spare = self._pool.submit(files.make_spare, path)
+        except RuntimeError:   # at interpreter exit no thread starts: the file is made when written
+            self._spare = None
 
-    def _write(self, rank_dir, data):
+    def _ready_spare(self):
+        """The helper's file if it is made (never waits for it), else None."""
+        spare = self._spare
+        if spare is None or not spare.done():
+            return None
+        self._spare = None
         try:
-            files.write_bytes(rank_dir, data)
-        except Exception as exc:
-            self._failed(rank_dir, exc)
-
-    def _failed(self, rank_dir, exc):
-        self._said.error("write", "probe: writing the draws of %s failed (%s: %s); training goes on, a bench "
-                         "run cannot replay that step", rank_dir, type(exc).__name__, exc)
-
-    def wait(self):
-        """Block until the last step's file is on disk."""
-        writing, self._writing = self._writing, None
-        if writing is not None:
-            writing.result()
+            return spare.result()
+        except OSError:   # the folder refused it: the write reports what it meets
+            return None
 
     def close(self):
         self.end_step()
-        self.wait()
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            try:
+                files.drop_spare(spare.result())
+            except OSError:
+                pass
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
