@@ -293,3 +293,35 @@ def test_cli_exit_status_and_files(fp32_dump, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "probe", "run-ut", "-i", str(tmp_path / "nothing")],
                           capture_output=True, text=True, cwd=root)
     assert proc.returncode == 2 and "not found" in proc.stderr
+
+
+def test_a_replayed_index_is_the_tuple_it_was(tmp_path):
+    """``t[:, None, 1:]`` is dumped with its index as a JSON list; replayed as a list, torch
+    warns that it reads it as a tensor of indices (an error or another result in later
+    torch). Compared in tensor mode against a run whose values differ, the call is re-run
+    with the tuple: no warning, and it is found to reproduce its output (not named)."""
+    import json
+    import warnings
+
+    from probe.compare import compare
+    paths = []
+    for side, noise in (("npu", 1e-3), ("bench", 0.0)):
+        dbg = PrecisionDebugger(task="tensor", dump_path=str(tmp_path / side))
+        x = (torch.linspace(-1, 1, 24).reshape(4, 6) + noise).requires_grad_()
+        dbg.start()
+        y = (x * 2)[:, None, 1:]
+        y.sum().backward()
+        dbg.stop()
+        dbg.step()
+        dbg.close()
+        paths.append(glob.glob(os.path.join(str(tmp_path / side), "step0", "*", "dump.json"))[0])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compare({"npu_json_path": paths[0], "bench_json_path": paths[1], "is_print_compare_log": False},
+                      str(tmp_path / "out"), html=False)
+    said = [str(w.message) for w in caught if "non-tuple sequence" in str(w.message)]
+    assert not said, said[:1]
+    with open(out[-1], encoding="utf-8") as fh:
+        summary = json.load(fh)
+    assert summary["replayed_calls"] >= 1
+    assert summary["first_divergence"]["name"] is None, summary["verdict"]

@@ -49,19 +49,27 @@ class LocalError:
     bias: float               # scale part of the local error beyond the replay's
     bias_spread: float        # standard error of that scale under rounding noise
     output: int               # which output (or input gradient for a backward entry)
+    conditioning: float = 1.0  # sums: ||f(|inputs|)|| / ||f(inputs)||, how much they cancel
+
+    @property
+    def correct(self) -> float:
+        """What a correct kernel of this dtype may be off by: the replay's error, and at
+        least the dtype's rounding of the terms before they cancelled (a correct kernel
+        summing in another order differs by that, however small the sum)."""
+        return max(self.reference, self.rounding * self.conditioning)
 
     @property
     def allowed(self) -> float:
         """Local error a correct kernel of this dtype may add."""
-        return LOCAL_FACTOR * max(self.reference, self.rounding)
+        return LOCAL_FACTOR * self.correct
 
     @property
     def ratio(self) -> float:
-        return self.local / max(self.reference, self.rounding)
+        return self.local / self.correct
 
     @property
     def biased(self) -> bool:
-        return abs(self.bias) > max(BIAS_Z * self.bias_spread, self.rounding)
+        return abs(self.bias) > max(BIAS_Z * self.bias_spread, self.rounding * self.conditioning)
 
     @property
     def introduces(self) -> bool:
@@ -74,9 +82,9 @@ class LocalError:
                     f"({self.bias / max(self.bias_spread, 1e-300):.3g} standard errors of rounding)")
         if self.introduces:
             return (f"re-run on its own inputs, its output is off by {self.local:.3g} where a "
-                    f"correct kernel of its dtype is off by {max(self.reference, self.rounding):.3g}")
+                    f"correct kernel of its dtype is off by {self.correct:.3g}")
         return (f"re-run on its own inputs, its output is off by {self.local:.3g}, within what a "
-                f"correct kernel of its dtype gives ({max(self.reference, self.rounding):.3g}): "
+                f"correct kernel of its dtype gives ({self.correct:.3g}): "
                 f"the difference comes from its inputs")
 
 
@@ -118,6 +126,12 @@ def _measure(npu, golden, replay):
     n_eff = gg * gg / max(float(np.sum(g2 * g2)), 1e-300)
     spread = max(reference, local - abs(bias)) / math.sqrt(max(min(n_eff, g.size), 1.0))
     return local, reference, bias - ref_bias, spread
+
+
+# APIs that sum products of their inputs (linear in each): their golden on the inputs'
+# magnitudes says how far the terms cancelled.
+SUMS = frozenset({"sum", "mean", "nansum", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "linear",
+                  "einsum", "conv1d", "conv2d", "conv3d", "__matmul__", "dot", "mv", "tensordot", "cumsum"})
 
 
 class Replays:
@@ -171,6 +185,18 @@ class Replays:
             logger.debug("output of %s could not be read: %s", entry, exc)
             return None
 
+    def _golden_of_magnitudes(self, func, args, kwargs, out_dtypes, api):
+        """The float64 golden of the call on its inputs' absolute values (a sum's terms
+        before they cancel), or None."""
+        from probe.tensor_tree import map_tensors
+        absolute = lambda t: t.abs() if t.is_floating_point() else t
+        try:
+            _, gold = self.replayer.forward(func, map_tensors(absolute, args), map_tensors(absolute, kwargs),
+                                            out_dtypes, api, golden=True)
+        except Exception:   # noqa: BLE001 - no measure of cancellation: judged as before
+            return None
+        return gold.outputs if gold is not None and not gold.error else None
+
     def local_error(self, entry: str) -> LocalError | None:
         """The call's local error, or None when it cannot be replayed from the dump."""
         try:
@@ -222,6 +248,14 @@ class Replays:
         if gold is None or gold.error or not gold.outputs:
             return None
         replayed = replay.outputs if replay is not None and not replay.error else None
+        sums = api.phase == "forward" and api.leaf in SUMS
+        magnitudes = self._golden_of_magnitudes(func, args, kwargs, out_dtypes, api) if sums else None
+
+        def conditioning(k):
+            if not magnitudes or k >= len(magnitudes) or k >= len(gold.outputs):
+                return 1.0
+            return _cancellation(gold.outputs[k], magnitudes[k])
+
         worst = None
         for k, (npu, golden) in enumerate(zip(dumped, gold.outputs)):
             rep = replayed[k] if replayed and k < len(replayed) else None
@@ -229,10 +263,20 @@ class Replays:
             if m is None:
                 continue
             rounding = ROUNDING.get(str(npu.dtype), ROUNDING["torch.float32"])
-            le = LocalError(m[0], m[1], rounding, m[2], m[3], k)
+            le = LocalError(m[0], m[1], rounding, m[2], m[3], k, conditioning(k))
             if worst is None or (le.ratio, abs(le.bias)) > (worst.ratio, abs(worst.bias)):
                 worst = le
         return worst
+
+
+def _cancellation(golden, magnitude) -> float:
+    """||f(|inputs|)|| / ||f(inputs)||: how far the terms of a sum cancelled (1: not at all)."""
+    import torch
+    if not (isinstance(golden, torch.Tensor) and isinstance(magnitude, torch.Tensor)) or golden.shape != magnitude.shape:
+        return 1.0
+    g = float(torch.linalg.vector_norm(golden.double()))
+    m = float(torch.linalg.vector_norm(magnitude.double()))
+    return max(m / g, 1.0) if g > 0 and math.isfinite(m) else 1.0
 
 
 def _returning_self(func):

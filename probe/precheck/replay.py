@@ -68,6 +68,17 @@ def _to_cpu(value):
     return value
 
 
+def index_as_written(api, args):
+    """``t[a, b]`` indexes with a tuple, which dump.json can only write as a list; indexed
+    with a list, torch reads it as a tensor of indices (deprecated since 2.9 for a list of
+    slices, a different result later). The index of ``__getitem__``/``__setitem__`` is
+    given back as the tuple it was."""
+    if api.leaf in ("__getitem__", "__setitem__") and len(args) > 1 and isinstance(args[1], list) \
+            and any(isinstance(x, (slice, type(None), type(Ellipsis), list)) or x is Ellipsis for x in args[1]):
+        return [args[0], tuple(args[1]), *args[2:]]
+    return args
+
+
 class Replayer:
     """Runs calls on ``device`` for one API: the bench and the golden."""
 
@@ -93,6 +104,7 @@ class Replayer:
     # ---- forward -----------------------------------------------------------------------
     def forward(self, func, args, kwargs, out_dtypes, api, golden: bool = True):
         """(bench Run, golden Run or None)."""
+        args = index_as_written(api, args)
         amp = autocast_dtype(args, kwargs, out_dtypes, api.conversion)
         bench = self._run_bench(func, args, kwargs, out_dtypes, api, amp)
         gold = self._run_golden(func, args, kwargs, api) if golden else None
@@ -146,6 +158,7 @@ class Replayer:
 
         ``wants_grad[i]`` marks the slots the dump holds a gradient for; ``out_grads`` are the
         dumped grads w.r.t. the outputs (None where none flowed)."""
+        args = index_as_written(api, args)
         amp = autocast_dtype(args, kwargs, out_dtypes, api.conversion)
         bench = self._grad_run(func, args, kwargs, wants_grad, out_grads, api, amp, None)
         gold = self._grad_run(func, args, kwargs, wants_grad, out_grads, api, None, torch.float64) \
