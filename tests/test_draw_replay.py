@@ -354,6 +354,14 @@ def test_a_call_in_eval_mode_where_the_npu_drew_is_one_error(tmp_path, npu_two_d
     assert "Functional.dropout.0.forward" in _one_line(info) and "draws nothing" in str(info.value)
 
 
+def test_a_random_call_where_the_npu_made_none_is_one_error_naming_it(tmp_path):
+    _side(tmp_path / "npu", 1, lambda x: [x * 1], torch.ones(3))
+    with pytest.raises(DrawMismatch) as info:
+        _bench(tmp_path, lambda: torch.rand(2))
+    msg = _one_line(info)
+    assert "Torch.rand.0.forward at step 0" in msg and "made no random call at this step" in msg
+
+
 def test_a_step_the_npu_did_not_dump_is_one_error(tmp_path, npu_two_dropouts):
     x = npu_two_dropouts
     with pytest.raises(ConfigError) as info:

@@ -231,13 +231,18 @@ class StepDraws:
     draw as a CPU tensor. The whole file is read and checked here.
     """
 
-    def __init__(self, rank_dir: str):
+    def __init__(self, rank_dir: str, missing_ok: bool = False):
         self.rank_dir = rank_dir
         self.path = os.path.join(rank_dir, FILE)
+        self.records: Dict[str, DrawRecord] = {}
+        self.missing = False   # no file: the step made no random call (or an older probe dumped it)
         try:
             with open(self.path, "rb") as f:
                 blob = f.read()
         except FileNotFoundError:
+            if missing_ok:
+                self.missing = True
+                return
             raise ConfigError(f"random_from: {self.path} not found: that NPU step made no random call, or was "
                               f"dumped by a probe that does not record draws") from None
         except OSError as exc:
@@ -255,7 +260,6 @@ class StepDraws:
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise self._bad(f"not a {FORMAT} file")
         self._data = np.frombuffer(blob, dtype=np.uint8, offset=8 + n)
-        self.records: Dict[str, DrawRecord] = {}
         self._spans: Dict[str, Tuple[int, int]] = {}
         for entry, info in header.items():
             if entry == "__metadata__":

@@ -418,8 +418,11 @@ class DrawHandler:
             raise self._mismatch(entry, f"a {kind} draw here, a {rec.kind} draw in the NPU run")
 
     def _mismatch(self, entry, what):
+        draws = self.source.draws
+        where = (f"{draws.path} does not exist: the NPU run made no random call at this step, or its probe does "
+                 f"not record draws") if draws.missing else draws.path
         return DrawMismatch(f"random_from: {entry} at step {self.step} does not take the NPU run's draw: {what} "
-                            f"({self.source.draws.path})")
+                            f"({where})")
 
     # ---- what cannot be taken -----------------------------------------------------
     def _say_not_taken(self, kind, name, args, kwargs):
@@ -630,7 +633,7 @@ class _Source:
 
     def step_draws(self) -> files.StepDraws:
         if self.draws is None:
-            self.draws = files.StepDraws(self._folder())
+            self.draws = files.StepDraws(self._folder(), missing_ok=True)
             self.taken = set()
         return self.draws
 
@@ -656,8 +659,8 @@ class _Source:
                 folder = self._folder()
             except ConfigError:   # no such NPU step: nothing to take
                 folder = None
-            if folder is not None and os.path.exists(os.path.join(folder, files.FILE)):
-                self.draws = files.StepDraws(folder)
+            if folder is not None:
+                self.draws = files.StepDraws(folder, missing_ok=True)
         if self.draws is not None:
             left = [e for e in self.draws.records if e not in self.taken]
         self.draws = None
