@@ -268,7 +268,8 @@ def test_replayed_values_are_the_npu_draws_in_the_bench_dtype(tmp_path):
         t.uniform_()
         return [torch.rand(3, 4), torch.randn(5, dtype=torch.bfloat16 if npu_side else torch.float32),
                 torch.randint(0, 100, (7,)), torch.randperm(9), torch.bernoulli(torch.full((8,), 0.5)),
-                torch.multinomial(torch.ones(10), 4), torch.normal(torch.zeros(4), 1.0), t, x * 1]
+                torch.multinomial(torch.ones(10), 4), torch.normal(torch.zeros(4), 1.0), t,
+                torch.empty(5).normal_(), torch.empty(6).bernoulli_(0.5), torch.empty(3).exponential_(), x * 1]
     x = torch.randn(3)
     npu_side = True
     npu, _ = _side(tmp_path / "npu", 1, fn, x)

@@ -494,7 +494,7 @@ class _TakeDraw(TorchDispatchMode):
 _RANDOM_KERNELS: Optional[frozenset] = None
 _KERNEL_NAMES = ("bernoulli", "bernoulli_", "native_dropout", "rand", "randn", "randint", "randperm", "rand_like",
                  "randn_like", "randint_like", "multinomial", "normal", "normal_", "uniform_", "exponential_",
-                 "random_", "geometric_", "cauchy_", "log_normal_", "poisson", "rrelu_with_noise")
+                 "random_", "geometric_", "cauchy_", "log_normal_", "poisson")
 
 
 def _random_kernels():
