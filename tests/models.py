@@ -75,6 +75,58 @@ class TinyGPT(nn.Module):
         return self.head(self.ln(x))
 
 
+class MoEBlock(nn.Module):
+    """A top-k mixture of experts, routed per token as Mixtral routes: router linear,
+    ``topk``, softmax over the k chosen logits, each expert's MLP on its tokens
+    (``torch.where`` -> ``index_select``) added back weighted (``index_add``). Every expert
+    runs at every call (on no token at all where none is routed to it), so the call
+    sequence does not depend on the routing.
+    ``near_tie``: the router's rows 0 and 1 agree to that relative amount, so that many
+    tokens' logits for experts 0 and 1 nearly tie (upcycled experts start so): a run in
+    another dtype or reduction order routes some of them to the other expert."""
+
+    def __init__(self, d=64, n_experts=4, k=2, d_ff=128, near_tie=None):
+        super().__init__()
+        self.k = k
+        self.norm = nn.LayerNorm(d)
+        self.router = nn.Linear(d, n_experts, bias=False)
+        if near_tie is not None:
+            with torch.no_grad():
+                w = self.router.weight
+                w[1] = w[0] + near_tie * w[0].abs().mean() * torch.randn_like(w[0])
+        self.fc = nn.ModuleList([nn.Linear(d, d_ff) for _ in range(n_experts)])
+        self.out = nn.ModuleList([nn.Linear(d_ff, d) for _ in range(n_experts)])
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.norm(x).reshape(-1, d)
+        top, idx = torch.topk(self.router(h), self.k, dim=-1)
+        gate = F.softmax(top, dim=-1)
+        out = torch.zeros_like(h)
+        for e, (fc, proj) in enumerate(zip(self.fc, self.out)):
+            rows, slot = torch.where(idx == e)
+            y = proj(F.silu(fc(h.index_select(0, rows)))) * gate[rows, slot].unsqueeze(-1)
+            out = out.index_add(0, rows, y.to(out.dtype))
+        return x + out.view(b, t, d)
+
+
+class TinyMoE(nn.Module):
+    """Token embedding, ``n_layers`` MoE blocks, LayerNorm and a head: logits per token."""
+
+    def __init__(self, vocab=128, d=64, n_layers=2, n_experts=4, k=2, near_tie=None):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList([MoEBlock(d, n_experts, k, near_tie=near_tie) for _ in range(n_layers)])
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        x = self.tok(idx)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
 def make_mlp(seed=0, batch=4):
     torch.manual_seed(seed)
     return MLP(), torch.randn(batch, 16), torch.randint(0, 5, (batch,))
