@@ -216,6 +216,22 @@ def test_a_mask_counts_an_element_whose_input_was_zero_as_drawn(tmp_path):
     assert torch.equal(draws_of(tmp_path).mask("Functional.dropout.0.forward"), xr.grad != 0)
 
 
+def test_a_cpu_dropout_that_draws_otherwise_is_drawn_again_through_the_api(tmp_path, monkeypatch, caplog):
+    """The CPU's dropout mask is drawn again alone (bernoulli_ on its noise tensor), checked
+    on the first call against the output; where that check fails the API itself runs again."""
+    monkeypatch.setattr(draws, "_FAST", {"dropout": True})
+    monkeypatch.setattr(draws, "_fast_checked", set())
+    real = torch.Tensor.bernoulli_
+    monkeypatch.setattr(torch.Tensor, "bernoulli_", lambda self, p=0.5, **kw: real(self, 0.5, **kw))   # a wrong draw
+    x = torch.randn(6, 7)
+    with caplog.at_level(logging.WARNING, logger="probe"):
+        npu = _side(tmp_path / "npu", 1, lambda x: [F.dropout(x, 0.2, True) for _ in range(3)], x)
+    assert draws._FAST["dropout"] is False and not caplog.records
+    bench = _side(tmp_path / "bench", 2, lambda x: [F.dropout(x, 0.2, True) for _ in range(3)], x,
+                  random_from=str(tmp_path / "npu"))
+    assert all(torch.equal(a, b) for a, b in zip(npu[0], bench[0]))
+
+
 # ---------------------------------------------------------------- replay, call by call
 
 def _calls(x):

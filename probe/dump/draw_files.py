@@ -142,34 +142,31 @@ def torch_dtype(name: object) -> torch.dtype:
 # ---- writing (NPU side) ----------------------------------------------------------------
 def encode_step(draws: Dict[str, Tuple[DrawRecord, np.ndarray]]) -> bytes:
     """One step's draws (entry -> (record, array)) as the bytes of its draws file."""
-    meta = {"format": FORMAT}
-    header: dict = {"__metadata__": meta}
-    parts = [b"", b""]
-    offset = 0
-    for entry, (rec, arr) in draws.items():
+    raws = []
+    for entry, (_, arr) in draws.items():
         if not _ENTRY_RE.match(entry):
             raise ValueError(f"draws: bad entry name {entry!r}")
-        raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)   # an object array cannot be viewed so
-        meta[entry] = _text(rec)
-        header[entry] = {"dtype": "U8", "shape": [raw.size], "data_offsets": [offset, offset + raw.size]}
-        parts.append(raw.tobytes())
-        offset += raw.size
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    parts[0], parts[1] = struct.pack("<Q", len(text)), text
-    return b"".join(parts)
+        raws.append(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))   # an object array cannot be viewed so
+    key = tuple((entry, rec, raw.size) for (entry, (rec, _)), raw in zip(draws.items(), raws))
+    text = _headers.get(key)
+    if text is None:   # a training loop draws the same calls every step: made once
+        meta = {"format": FORMAT}
+        header: dict = {"__metadata__": meta}
+        offset = 0
+        for entry, rec, size in key:
+            meta[entry] = rec.as_text()
+            header[entry] = {"dtype": "U8", "shape": [size], "data_offsets": [offset, offset + size]}
+            offset += size
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        text = struct.pack("<Q", len(text)) + text
+        if len(_headers) > 64:
+            _headers.clear()
+        _headers[key] = text
+    return b"".join([text] + [raw.tobytes() for raw in raws])
 
 
-_texts: Dict[DrawRecord, str] = {}   # a training loop draws the same kinds of call every step
-
-
-def _text(rec: DrawRecord) -> str:
-    text = _texts.get(rec)
-    if text is None:
-        if len(_texts) > 10_000:
-            _texts.clear()
-        text = _texts[rec] = rec.as_text()
-    return text
+_headers: Dict[tuple, bytes] = {}
 
 
 def write_bytes(rank_dir: str, data: bytes, spare: Optional[Tuple[str, int]] = None) -> None:

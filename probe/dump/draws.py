@@ -140,43 +140,59 @@ class _Dropout:
 
 
 class _Redraw:
-    """A dropout call drawn again from the generator state it started with, on a tensor of
-    ones laid out as its input: the same kernel from the same state draws the same mask.
-    Holds no tensor of the run, so that it can wait for the end of the step."""
-    __slots__ = ("func", "p", "inplace", "functional", "size", "stride", "dtype", "device", "state")
+    """A dropout call drawn again from the generator state it started with: the same kernel
+    from the same state draws the same mask. Holds no tensor of the run, so that it can
+    wait for the end of the step.
+
+    In general the API itself runs again, on ones laid out as its input. The CPU's plain
+    dropout (``_FAST``) draws its mask as ``noise = empty_like(input); noise.bernoulli_(1 - p)``
+    (aten's Dropout.cpp, ``_dropout_impl``): that alone is run again, two kernels of the
+    dropout's four, checked against the output on the first call of the process.
+    """
+    __slots__ = ("func", "p", "inplace", "functional", "size", "stride", "dtype", "device", "state", "fast")
 
     def __init__(self, call, func):
         x = call.x
         self.func, self.p, self.inplace, self.functional = func, call.p, call.inplace, call.functional
         self.size, self.stride, self.dtype, self.device = tuple(x.shape), x.stride(), x.dtype, x.device
         self.state = call.state
+        self.fast = x.device.type == "cpu" and call.leaf in _FAST and _FAST[call.leaf]
 
     def record(self):
         return DrawRecord(MASK, self.size, str(self.dtype), self.p)
 
     def mask(self):
-        """The drawn mask (alpha dropouts: a kept element is a + b > 0, a dropped one < 0);
-        the generator is left as it was found."""
+        """A tensor whose nonzero elements are the kept ones (alpha dropouts, through the
+        API: a kept element is a + b > 0, a dropped one < 0); the generator is left as it
+        was found."""
         gen, before = self.state
         after = gen.get_state()
         gen.set_state(before)
         try:
-            ones = _ones(self.size, self.stride, self.dtype, self.device)
+            if self.fast:
+                noise = _laid_out(self.size, self.stride, self.dtype, self.device)
+                return noise.bernoulli_(1 - self.p)
+            ones = _laid_out(self.size, self.stride, self.dtype, self.device).fill_(1)
             out = self.func(ones, self.p, True, self.inplace) if self.functional else self.func(ones, self.p, True)
         finally:
             gen.set_state(after)
         return out > 0
 
 
-def _ones(size, stride, dtype, device):
-    """Ones with the input's strides (a kernel may draw in memory order), contiguous where
-    those strides overlap (as empty_like makes them for such an input)."""
+# leaf -> draw its mask alone on the CPU (True until a check against an output fails)
+_FAST = {"dropout": True}
+_fast_checked: set = set()
+
+
+def _laid_out(size, stride, dtype, device):
+    """An empty tensor with the input's strides (a kernel may draw in memory order),
+    contiguous where those overlap (as empty_like makes it for such an input)."""
     if all(st or n <= 1 for n, st in zip(size, stride)):
         try:
-            return torch.empty_strided(size, stride, dtype=dtype, device=device).fill_(1)
+            return torch.empty_strided(size, stride, dtype=dtype, device=device)
         except RuntimeError:
             pass
-    return torch.ones(size, dtype=dtype, device=device)
+    return torch.empty(size, dtype=dtype, device=device)
 
 
 def _dropout_call(name, leaf, args, kwargs):
@@ -360,12 +376,21 @@ class DrawHandler:
                                "as dropped)", x.device.type)
             return DrawRecord(MASK, tuple(x.shape), str(x.dtype), call.p), files.pack_nonzero(out)
         redraw = _Redraw(call, func)
-        if x.device.type == "cpu":   # the CPU's redraw is exact (tests/test_draw_replay.py)
+        fast_unchecked = redraw.fast and _FAST.get(call.leaf) is True and call.leaf not in _fast_checked
+        if x.device.type == "cpu" and not fast_unchecked:   # the CPU's redraw is exact (tests/test_draw_replay.py)
             return redraw
-        mask = redraw.mask()
+        mask = redraw.mask() != 0
         if call.leaf not in _ALPHA:
             kept = out != 0
-            if not torch.equal(kept & mask, kept):
+            fits = torch.equal(kept, mask & (x != 0)) if not call.inplace else torch.equal(kept & mask, kept)
+            if fast_unchecked:
+                _fast_checked.add(call.leaf)
+                if not fits:   # this torch's CPU dropout draws otherwise: through the API from now on
+                    _FAST[call.leaf] = False
+                    redraw.fast = False
+                    mask = redraw.mask() != 0
+                    fits = torch.equal(kept, mask & (x != 0)) if not call.inplace else torch.equal(kept & mask, kept)
+            if not fits:
                 self._said.warning(("redraw", name), "probe: %s: drawing the mask again did not reproduce the "
                                    "call's; recorded as output != 0 (an element whose input was 0 counts as "
                                    "dropped)", name)
@@ -575,7 +600,7 @@ class _Recorder:
         try:
             with _own_work():
                 for entry, redraw in redraws:
-                    draws[entry] = (redraw.record(), files.pack_mask(redraw.mask()))
+                    draws[entry] = (redraw.record(), files.pack_nonzero(redraw.mask()))
             files.write_bytes(rank_dir, files.encode_step(draws), self._ready_spare())
         except Exception as exc:   # never into the training script
             self._said.error("write", "probe: writing the draws of %s failed (%s: %s); training goes on, a bench "
