@@ -93,21 +93,6 @@ def _xfail(reason):
     return pytest.mark.xfail(strict=True, reason=reason)
 
 
-FP16_DROPOUT_SUBNORMALS = (
-    "draws.dropout_law_tensors allows kept elements ROUNDS x eps x |input/(1-p)| off, relative only: "
-    "in fp16 a correct dropout's outputs below 6.1e-5 are subnormal (absolute spacing 2**-24), so "
-    "e.g. -2.2769e-05 -> -2.5332e-05 (exactly fp16(x * fp16(1/0.9))) reads as 'scaled by 1.113 where "
-    "1/(1-p) = 1.111': Functional.dropout.2.forward named at step 0 (5 of 1841 kept elements)")
-MOE_REROUTED = (
-    "statistics mode: near-tie tokens route to other experts on the NPU side (Torch.where.0.forward "
-    "gives 17 tokens against the bench's 20 at step 0): per-token inputs then differ far more than "
-    "their tensors' Max/Min/Mean/Norm show, and the jump rule names a later call, e.g. "
-    "Functional.linear.18.backward (the head's weight gradient, Min -0.1299 vs -0.1354: 0.0353 where "
-    "its inputs differ by 0.00226 > STATS_JUMP x), and at steps 1-2 a selection's backward, "
-    "Tensor.__getitem__.5.backward (gate[rows, slot]: 0.0493 where its inputs differ by 8.1e-05); a "
-    "selection whose outputs differ in shape should make later calls 'can't tell', as "
-    "_after_differing_draws does after a differing draw")
-
 STALE_AFTER_DRAWS = (
     "statistics mode after differing dropout draws: Torch.addmm.12.forward (layer 1's qkv given layer "
     "0's of the same micro-batch) differs by 0.047 in its statistics where its inputs' differ by 0.19 "
@@ -115,7 +100,7 @@ STALE_AFTER_DRAWS = (
     "may be beyond what Max/Min/Mean/Norm can show once the draws differ (named in tensor mode)")
 
 CLEAN = [
-    pytest.param("fp16_scaler", "tensor", marks=_xfail(FP16_DROPOUT_SUBNORMALS)),
+    ("fp16_scaler", "tensor"),
     ("fp16_scaler", "statistics"),
     ("fp16_scaler_clip", "tensor"),
     ("accum", "tensor"),
@@ -125,7 +110,7 @@ CLEAN = [
     ("clip_schedule_foreach", "tensor"),
     ("clip_schedule_foreach", "statistics"),
     ("moe_bf16", "tensor"),
-    pytest.param("moe_bf16", "statistics", marks=_xfail(MOE_REROUTED)),
+    ("moe_bf16", "statistics"),
 ]
 
 

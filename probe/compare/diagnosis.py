@@ -209,6 +209,7 @@ class Diagnosis:
     low_precision: str | None = None  # "bfloat16" when the NPU side computed in it
     draws: Draws | None = None        # random calls, and whether the two runs drew alike
     device: list = field(default_factory=list)   # DevicePrecision: what the NPU side's APIs add
+    paths_differ: str | None = None  # statistics: the first call whose output shape differs per side
 
 
 @dataclass
@@ -755,16 +756,30 @@ def _draws(result, calls, replays) -> Draws | None:
     return Draws(n, differ, first, unjudged) if n else None
 
 
-def _after_differing_draws(calls, drawn) -> None:
-    """Statistics mode: two differently masked tensors have much the same Max/Min/Mean/Norm,
-    so after the first differing draw the inputs' statistics no longer show how much the
-    inputs differ. A call after it is "can't tell" unless its own extremes convict it."""
-    if drawn is None or not drawn.differ:
-        return
-    first = next(u.index for u in calls if u.npu_entry == drawn.first_differing)
-    for u in calls:
-        if u.index > first and u.status == "introduces" and u.draw is None and not u.extremes_off:
+def _after_differing_paths(result, calls, drawn) -> str | None:
+    """Statistics mode: after the first differing draw, or the first call whose output has
+    another number of elements on each side (a data-dependent path: tokens routed to other experts, a
+    mask of another size), tensors that differ element by element can have much the same
+    Max/Min/Mean/Norm, so the inputs' statistics no longer show how much the inputs differ.
+    A call after it is "can't tell" unless its own extremes convict it. Returns the first
+    call whose output shape differs, if that came first."""
+    firsts = []
+    if drawn is not None and drawn.differ:
+        firsts.append(next(u.index for u in calls if u.npu_entry == drawn.first_differing))
+    shaped = next((u for u in calls if u.direction == "forward" and any(
+        result.pairs[i].npu is not None and result.pairs[i].bench is not None and result.pairs[i].npu.io == "output"
+        and result.pairs[i].npu.kind == "tensor" and result.pairs[i].npu.numel != result.pairs[i].bench.numel
+        for i in u.rows)), None)
+    if shaped is not None:
+        firsts.append(shaped.index)
+    if not firsts:
+        return None
+    first = min(firsts)
+    for u in calls:   # NaN/Inf on one side only (an infinite error) convicts whatever came before
+        if u.index > first and u.status == "introduces" and u.draw is None and not u.extremes_off \
+                and u.output_error is not None and math.isfinite(u.output_error):
             u.status = "can't tell"
+    return shaped.npu_entry if shaped is not None and shaped.index == first else None
 
 
 def _stats_device_precision(calls) -> list:
@@ -851,13 +866,14 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
         replayed = _replay(result, eligible, replays, progress)
         device = _device_precision(eligible)
     statistics = result.mode != "tensor"
+    paths_differ = None
     for u in calls:
         stats_only = statistics and u.local is None
         jump = STATS_JUMP if stats_only and (low or u.input_error) else JUMP
         _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None)
     if statistics:
         device += _stats_device_precision(eligible)
-        _after_differing_draws(calls, drawn)
+        paths_differ = _after_differing_paths(result, calls, drawn)
     if device and result.npu is not None and result.npu.meta.math_modes:
         from probe.dump.math_modes import reduced_precision
         settings = tuple(reduced_precision(result.npu.meta.math_modes))
@@ -872,7 +888,8 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
                else "worst statistic difference relative to the tensor's magnitude")
     return Diagnosis(calls, fwd, bwd, suspects[:N_SUSPECTS], measure,
                      inputs_differ=fwd_differ or bwd_differ, state=_state(result, calls, errors),
-                     drift=_drift(eligible), replayed=replayed, low_precision=low, draws=drawn, device=device)
+                     drift=_drift(eligible), replayed=replayed, low_precision=low, draws=drawn, device=device,
+                     paths_differ=paths_differ)
 
 
 def noise_floor(bench_json: str, bench2_json: str, **kw) -> dict:

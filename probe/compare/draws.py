@@ -37,6 +37,7 @@ _UNIFORM = frozenset({"rand", "rand_like"})
 _NORMAL = frozenset({"randn", "randn_like"})
 # APIs that draw only with some arguments: (keyword, position among the written arguments)
 _DRAW_ARGS = {"scaled_dot_product_attention": ("dropout_p", 4)}
+_TINY = {"torch.bfloat16": 2.0 ** -133, "torch.float16": 2.0 ** -24, "torch.float32": 2.0 ** -149}
 _EPS = {"torch.bfloat16": 2.0 ** -8, "torch.float16": 2.0 ** -11, "torch.float32": 2.0 ** -24,
         "torch.float64": 2.0 ** -53}
 
@@ -110,7 +111,9 @@ def dropout_law_tensors(x, y, p: float, dtype: str) -> DrawCheck:
     scale = 1.0 / (1.0 - p)
     expect = x[kept] * scale
     eps = _EPS.get(dtype, 2.0 ** -8)
-    off = np.abs(y[kept] - expect) > ROUNDS * eps * np.maximum(np.abs(expect), 1e-300) + 1e-300
+    # relative to the value, and at least the spacing of the dtype's subnormals (an fp16
+    # output below 6.1e-5 is spaced 2^-24 apart whatever its size)
+    off = np.abs(y[kept] - expect) > ROUNDS * (eps * np.abs(expect) + _TINY.get(dtype, 0.0)) + 1e-300
     dropped = 1.0 - kept.sum() / n
     se = math.sqrt(p * (1 - p) / n) if 0 < p < 1 else 0.0
     if off.any():

@@ -211,6 +211,10 @@ def _limits(result, diag) -> list:
                      "statistics mode every call after it sees inputs that differ, and a fault there is "
                      "\"can't tell\" at best; dump tensors (each call is then re-run on its own inputs) or "
                      "give the bench the NPU run's draws (random_from)")
+    if diag.paths_differ:
+        notes.append(f"the two runs took different data-dependent paths from {diag.paths_differ} on (its output "
+                     "has another number of elements on each side: tokens routed to other experts, a mask of another size): in "
+                     "statistics mode the calls after it are \"can't tell\" at best; dump tensors to judge them")
     if diag.draws is not None and diag.draws.unjudged:
         notes.append(f"{len(diag.draws.unjudged)} random calls draw inside their kernel and were not checked "
                      f"(first: {diag.draws.unjudged[0]}); for a check run use eager attention or dropout_p=0")
