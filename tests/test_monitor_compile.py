@@ -92,8 +92,6 @@ def test_compiled_model_is_monitored_without_changing_training(runs):
     # every logged step is written (torch < 2.3: the compile took the optimizer's step
     # hooks away, probe put them back)
     assert sorted({int(r["step"]) for r in _rows(runs[3])}) == list(range(0, 2 * STEPS, 2))
-    # where activations inside the graph cannot be seen, that is said once
-    assert said == [] if TORCH >= (2, 5) else (len(said) == 1 and "modules whole in its graph" in said[0]), said
 
 
 def _rows(out_dir):
@@ -101,12 +99,17 @@ def _rows(out_dir):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.skipif(TORCH < (2, 5), reason="before torch 2.5 dynamo keeps torch.nn's modules (Linear) whole in "
-                    "its graph, where no module hook runs: probe says so once in the log")
 def test_compiled_models_activations_are_recorded_on_logged_steps(runs):
-    rows = _rows(runs[3])
+    rows, said = _rows(runs[3]), runs[4]
     model, _, _ = make_gpt()
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    missing = {}
     for step in (0, 2, 4):
         seen = {r["name"] for r in rows if int(r["step"]) == step and r["output_norm"]}
-        assert set(linears) <= seen, (step, sorted(set(linears) - seen))
+        missing[step] = sorted(set(linears) - seen)
+    if TORCH >= (2, 5) or not said:
+        assert not any(missing.values()), missing
+        assert not said, said
+    else:   # torch < 2.5: dynamo kept torch.nn's modules whole in its graph, where no hook
+        # runs (whether it does depends on what it compiled before in the process); said once
+        assert len(said) == 1 and "modules whole in its graph" in said[0], said

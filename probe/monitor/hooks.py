@@ -236,10 +236,11 @@ class Collector:
         if _is_compiling():    # dynamo folds this to True while it traces: a graph break
             return self._compiled_forward_hook(module, args, kwargs, output)
         if in_compile_trace():  # a module kept whole in a compiled graph, run on fake tensors
-            if module in self.watched and not dynamo_inlines_nn_modules():
+            # (dynamo runs a fake copy of it, or the module itself: watched by its class)
+            if not dynamo_inlines_nn_modules() and any(type(m) is type(module) for m in self.watched):
                 self.said.warning("compiled", "probe monitor: this torch.compile keeps torch.nn's modules "
-                                  "whole in its graph (torch < 2.5): activations of %s and the like are not "
-                                  "recorded while the model runs compiled", self.names[module])
+                                  "whole in its graph (torch < 2.5): activations of the model's %s modules and "
+                                  "the like are not recorded while it runs compiled", type(module).__name__)
             return None
         return self._forward_hook(module, args, kwargs, output)
 
