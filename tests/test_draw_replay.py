@@ -172,6 +172,16 @@ def test_statistics_task_records_masks_bit_packed(tmp_path):
     assert path.stat().st_size == 8 + header + 14 + 96   # the file is the header and the bits
 
 
+def test_a_short_write_is_completed(tmp_path, monkeypatch):
+    rec = draw_files.DrawRecord("values", (4,), "torch.float32")
+    data = torch.arange(4, dtype=torch.float32)
+    monkeypatch.setattr(os, "writev", lambda fd, parts: os.write(fd, bytes(memoryview(parts[0]))[:10]), raising=False)
+    rank_dir = tmp_path / "step0" / "rank"
+    rank_dir.mkdir(parents=True)
+    draw_files.write_step(str(rank_dir), {"Torch.rand.0.forward": (rec, draw_files.values_array(data))})
+    assert torch.equal(draws_of(tmp_path).values("Torch.rand.0.forward"), data)
+
+
 def test_a_step_without_random_calls_has_no_draws_file(tmp_path):
     dbg = PrecisionDebugger(dump_path=str(tmp_path), task="statistics")
     x = torch.randn(4)

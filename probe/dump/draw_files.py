@@ -140,8 +140,9 @@ def torch_dtype(name: object) -> torch.dtype:
 
 
 # ---- writing (NPU side) ----------------------------------------------------------------
-def encode_step(draws: Dict[str, Tuple[DrawRecord, np.ndarray]]) -> bytes:
-    """One step's draws (entry -> (record, array)) as the bytes of its draws file."""
+def encode_step(draws: Dict[str, Tuple[DrawRecord, np.ndarray]]) -> list:
+    """One step's draws (entry -> (record, array)) as the parts of its draws file: the
+    header, then each draw's bytes (numpy arrays, written as they are)."""
     raws = []
     for entry, (_, arr) in draws.items():
         if not _ENTRY_RE.match(entry):
@@ -163,61 +164,25 @@ def encode_step(draws: Dict[str, Tuple[DrawRecord, np.ndarray]]) -> bytes:
         if len(_headers) > 64:
             _headers.clear()
         _headers[key] = text
-    return b"".join([text] + [raw.tobytes() for raw in raws])
+    return [text] + raws
 
 
 _headers: Dict[tuple, bytes] = {}
 
 
-def write_bytes(rank_dir: str, data: bytes, spare: Optional[Tuple[str, int]] = None) -> None:
-    """``data`` as ``rank_dir/draws.safetensors``: written into ``spare`` (a file made ahead,
-    ``make_spare``) and renamed into place, or created here."""
-    final = os.path.join(rank_dir, FILE)
-    if spare is None:
-        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _write_all(fd, data)
-        finally:
-            os.close(fd)
-        return
-    path, fd = spare
+def write_step(rank_dir: str, draws: Dict[str, Tuple[DrawRecord, np.ndarray]]) -> None:
+    """Write one step's draws as ``rank_dir/draws.safetensors``: one create, one write."""
+    parts = encode_step(draws)
+    fd = os.open(os.path.join(rank_dir, FILE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        _write_all(fd, data)
-        os.rename(path, final)
-    except BaseException:
-        _remove(path)
-        raise
+        total = sum(memoryview(p).nbytes for p in parts)
+        done = os.writev(fd, parts) if hasattr(os, "writev") else 0
+        if done < total:   # a short write (or no writev): the rest from where it stopped
+            view = memoryview(b"".join(bytes(memoryview(p)) for p in parts))[done:]
+            while view:
+                view = view[os.pwrite(fd, view, total - len(view)):]
     finally:
         os.close(fd)
-
-
-def make_spare(path: str) -> Tuple[str, int]:
-    """An empty file at ``path``, open for writing (``write_bytes``' ``spare``)."""
-    return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-
-
-def drop_spare(spare: Tuple[str, int]) -> None:
-    path, fd = spare
-    os.close(fd)
-    _remove(path)
-
-
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _remove(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def write_step(rank_dir: str, draws: Dict[str, Tuple[DrawRecord, np.ndarray]]) -> None:
-    """Write one step's draws into ``rank_dir``."""
-    write_bytes(rank_dir, encode_step(draws))
 
 
 # ---- reading (bench side) ----------------------------------------------------------------

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
 import torch
@@ -275,10 +274,9 @@ class DrawHandler:
                                    f"no such call: it makes fewer random calls than the NPU run")
 
     def close(self):
-        """Write what is pending and remove the helper's unused file (the bench side
-        checks nothing here)."""
+        """Write what is pending (the bench side checks nothing here)."""
         if self.recorder is not None:
-            self.recorder.close()
+            self.recorder.end_step()
         if self.source is not None:
             self.source.end_step()
 
@@ -558,31 +556,22 @@ def _masked_output(x, mask, p):
 
 
 class _Recorder:
-    """NPU side: one step's draws, written next to its dump.json when the step ends.
-
-    The file is written by the training thread at ``step()``, so that it is complete when
-    ``step()`` returns like the step's other files; but it is created ahead, empty, in the
-    dump folder by a helper thread (``.draws-{pid}-{n}.tmp``) and renamed into the step's
-    folder: creating a file costs 0.2-0.6 ms on the ext4 disk of this project's test
-    machine, a rename ~10 us (bench/draws.py). The helper's file is used when it is ready
-    (otherwise the file is created here); one left unused is removed at ``close()``.
-    """
+    """NPU side: one step's draws, written next to its dump.json when the step ends, by the
+    training thread (complete when ``step()`` returns, like the step's other files). A
+    helper thread creating the file ahead measured no cheaper on bench/draws.py: handing it
+    the work cost a GIL round trip as long as the create it saved (0.2-0.6 ms on the ext4
+    disk of this project's test machine)."""
 
     def __init__(self, said):
         self._said = said
         self.rank_dir = None
         self.draws: dict = {}
         self.redraws: list = []     # (entry, _Redraw) of the step's CPU dropouts
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._spare: Optional[Future] = None   # the helper's file: (path, fd)
-        self._made = 0
 
     def open_step(self, rank_dir):
         if rank_dir != self.rank_dir:
             self.end_step()
             self.rank_dir = rank_dir
-        if self._spare is None:
-            self._order_spare(os.path.dirname(os.path.dirname(rank_dir)))
 
     def add(self, entry, record, array):
         if self.rank_dir is not None:
@@ -601,43 +590,10 @@ class _Recorder:
             with _own_work():
                 for entry, redraw in redraws:
                     draws[entry] = (redraw.record(), files.pack_nonzero(redraw.mask()))
-            files.write_bytes(rank_dir, files.encode_step(draws), self._ready_spare())
+            files.write_step(rank_dir, draws)
         except Exception as exc:   # never into the training script
             self._said.error("write", "probe: writing the draws of %s failed (%s: %s); training goes on, a bench "
                              "run cannot replay that step", rank_dir, type(exc).__name__, exc)
-
-    def _order_spare(self, root):
-        path = os.path.join(root, f".draws-{os.getpid()}-{self._made}.tmp")
-        self._made += 1
-        try:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="probe-draws")
-            self._spare = self._pool.submit(files.make_spare, path)
-        except RuntimeError:   # at interpreter exit no thread starts: the file is made when written
-            self._spare = None
-
-    def _ready_spare(self):
-        """The helper's file if it is made (never waits for it), else None."""
-        spare = self._spare
-        if spare is None or not spare.done():
-            return None
-        self._spare = None
-        try:
-            return spare.result()
-        except OSError:   # the folder refused it: the write reports what it meets
-            return None
-
-    def close(self):
-        self.end_step()
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            try:
-                files.drop_spare(spare.result())
-            except OSError:
-                pass
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
 
 
 class _Source:
