@@ -233,13 +233,32 @@ def test_a_cpu_dropout_that_draws_otherwise_is_drawn_again_through_the_api(tmp_p
     monkeypatch.setattr(draws, "_fast_checked", set())
     real = torch.Tensor.bernoulli_
     monkeypatch.setattr(torch.Tensor, "bernoulli_", lambda self, p=0.5, **kw: real(self, 0.5, **kw))   # a wrong draw
-    x = torch.randn(6, 7)
+    x = torch.randn(6, 7)   # no grad: no mask saved by autograd, drawn again
     with caplog.at_level(logging.WARNING, logger="probe"):
-        npu = _side(tmp_path / "npu", 1, lambda x: [F.dropout(x, 0.2, True) for _ in range(3)], x)
+        npu = _side(tmp_path / "npu", 1, lambda x: [F.dropout(x, 0.2, True) for _ in range(3)], x, grad=False)
     assert draws._FAST["dropout"] is False and not caplog.records
-    bench = _side(tmp_path / "bench", 2, lambda x: [F.dropout(x, 0.2, True) for _ in range(3)], x,
+    bench = _side(tmp_path / "bench", 2, lambda x: [F.dropout(x, 0.2, True) for _ in range(3)], x, grad=False,
                   random_from=str(tmp_path / "npu"))
     assert all(torch.equal(a, b) for a, b in zip(npu[0], bench[0]))
+
+
+def test_saved_tensor_hooks_are_never_run_by_recording(tmp_path):
+    """Under saved-tensor hooks (activation checkpointing, offloading) reading the mask
+    autograd saved would run their unpack hook: the mask is drawn again instead."""
+    unpacked = []
+    x = torch.randn(5, 9)
+    x[0] = 0
+
+    def fn(xr):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: unpacked.append(1) or t):
+            outs = [F.dropout(xr, 0.4, True) for _ in range(2)]
+        assert not unpacked
+        return outs
+    npu = _side(tmp_path / "npu", 1, fn, x)
+    assert len(unpacked) == 2              # the backward's own
+    unpacked.clear()
+    bench = _side(tmp_path / "bench", 2, fn, x, random_from=str(tmp_path / "npu"))
+    assert all(torch.equal(a, b) for a, b in zip(npu[0], bench[0])) and torch.equal(npu[1], bench[1])
 
 
 # ---------------------------------------------------------------- replay, call by call
@@ -254,14 +273,15 @@ def _calls(x):
             torch.native_dropout(x, 0.3, True)[0], y, F.dropout(x, 0.5, True)]
 
 
-def _side(root, seed, fn, x, **kw):
+def _side(root, seed, fn, x, grad=True, **kw):
     torch.manual_seed(seed)
     dbg = PrecisionDebugger(dump_path=str(root), task="statistics", **kw)
-    xr = x.clone().requires_grad_()
+    xr = x.clone().requires_grad_(grad)
     dbg.start()
     try:
         outs = fn(xr)
-        sum((o.float() * (i + 1)).sum() for i, o in enumerate(outs) if o.requires_grad).backward()
+        if grad:
+            sum((o.float() * (i + 1)).sum() for i, o in enumerate(outs) if o.requires_grad).backward()
     finally:
         dbg.stop()
     dbg.step()
@@ -269,23 +289,25 @@ def _side(root, seed, fn, x, **kw):
     return [o.detach() for o in outs], xr.grad
 
 
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
-def test_replayed_dropout_is_torch_own_arithmetic_bitwise(tmp_path, dtype):
+def test_replayed_dropout_is_torch_own_arithmetic_bitwise(tmp_path, dtype, grad):
     """Bench = NPU here (same device and input), so a replay that is torch's dropout for the
-    NPU's mask gives the NPU's outputs and input gradient bit for bit (zeros included)."""
+    NPU's mask gives the NPU's outputs and input gradient bit for bit (zeros included).
+    With grad the NPU side reads the masks autograd saved; without, it draws them again."""
     try:
         F.dropout(torch.ones(2, dtype=dtype), 0.5, True)
     except RuntimeError as exc:   # torch 2.1's CPU has no float16 bernoulli
         pytest.skip(f"no {dtype} dropout on this torch's CPU: {exc}")
     x = torch.randn(2, 3, 4, 5).to(dtype)
     x[0, 0] = 0
-    npu = _side(tmp_path / "npu", 1, _calls, x)
-    bench = _side(tmp_path / "bench", 2, _calls, x, random_from=str(tmp_path / "npu"))
-    own = _side(tmp_path / "own", 2, _calls, x)
+    npu = _side(tmp_path / "npu", 1, _calls, x, grad)
+    bench = _side(tmp_path / "bench", 2, _calls, x, grad, random_from=str(tmp_path / "npu"))
+    own = _side(tmp_path / "own", 2, _calls, x, grad)
     for i, (a, b, c) in enumerate(zip(npu[0], bench[0], own[0])):
         assert a.dtype == dtype and torch.equal(a, b), i
         assert not torch.equal(a, c), i      # the bench's own draw differs: the test can fail
-    assert torch.equal(npu[1], bench[1])
+    assert (npu[1] is None and bench[1] is None) if not grad else torch.equal(npu[1], bench[1])
 
 
 def test_replayed_values_are_the_npu_draws_in_the_bench_dtype(tmp_path):

@@ -178,6 +178,38 @@ class _Redraw:
         return out > 0
 
 
+# torch >= 2.2 (a torch without it never reads a saved mask): the saved-tensor hooks in force
+_top_saved_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+# the autograd node a dropout's output comes from -> its saved tensor that is the mask (the
+# CPU's dropout multiplies its input by the noise mask / (1 - p); CUDA's returns the mask)
+_MASK_SAVED = {"MulBackward0": "_saved_other", "NativeDropoutBackward0": "_saved_result1"}
+
+
+def _saved_mask(call, out):
+    """The mask autograd saved for the call's backward, broadcast to the input's shape,
+    or None: no graph (no input requiring grad, no_grad), another node (an unbatched
+    dropout1d's squeeze, an alpha dropout's add), or saved-tensor hooks in force (reading
+    a saved tensor would run their unpack hook, e.g. a checkpoint's recomputation)."""
+    fn = getattr(out, "grad_fn", None)
+    attr = _MASK_SAVED.get(type(fn).__name__) if fn is not None else None
+    if attr is None or call.leaf in _ALPHA or _top_saved_hooks is None:
+        return None
+    try:
+        hooks = _top_saved_hooks(False)
+    except TypeError:
+        hooks = _top_saved_hooks()
+    if hooks is not None:
+        return None
+    saved = getattr(fn, attr, None)
+    shape = call.x.shape
+    if not isinstance(saved, torch.Tensor) or saved.dim() != len(shape) or saved.device != call.x.device:
+        return None
+    try:
+        return saved.expand(shape)
+    except RuntimeError:
+        return None
+
+
 # leaf -> draw its mask alone on the CPU (True until a check against an output fails)
 _FAST = {"dropout": True}
 _fast_checked: set = set()
@@ -356,25 +388,29 @@ class DrawHandler:
 
         ``output != 0`` cannot tell a dropped element from a kept one whose input was 0
         (the zeros of a causal attention's probabilities are half of them), and the
-        gradient there depends on it; nor can it read an alpha dropout. So the call is
-        drawn again on ones from the generator state it started with (``_Redraw``), and
-        the generator put back. On the CPU that waits for ``step()``, where the redraws of
-        a step run one after another (~30 us each; during the step, between the dump's
-        own work, the same costs ~3x: cold caches). Elsewhere it runs at once and is
-        checked against the output (a device whose generator probe does not know, or a
-        redraw its output contradicts, falls back to ``output != 0``, said once: an
-        element whose input was 0 is then recorded as dropped).
+        gradient there depends on it; nor can it read an alpha dropout. Where autograd
+        saved the call's mask for its backward (``_saved_mask``), that is it, read for the
+        cost of packing it. Otherwise the call is drawn again from the generator state it
+        started with (``_Redraw``) and the generator put back: on the CPU when the step
+        ends (the redraws of a step one after another, not between the dump's own work),
+        elsewhere at once and checked against the output (a device whose generator probe
+        does not know, or a redraw its output contradicts, falls back to ``output != 0``,
+        said once: an element whose input was 0 is then recorded as dropped).
         """
         x = call.x
+        record = DrawRecord(MASK, tuple(x.shape), str(x.dtype), call.p)
         if call.leaf == "native_dropout":
-            return DrawRecord(MASK, tuple(x.shape), str(x.dtype), call.p), files.pack_nonzero(out[1])
+            return record, files.pack_nonzero(out[1])
+        saved = _saved_mask(call, out)
+        if saved is not None:
+            return record, files.pack_nonzero(saved)
         if call.state is None:
             self._said.warning(("no generator", x.device.type), "probe: no default generator known for %s: "
                                "dropout masks are recorded as output != 0 (an element whose input was 0 counts "
                                "as dropped)", x.device.type)
-            return DrawRecord(MASK, tuple(x.shape), str(x.dtype), call.p), files.pack_nonzero(out)
+            return record, files.pack_nonzero(out)
         redraw = _Redraw(call, func)
-        fast_unchecked = redraw.fast and _FAST.get(call.leaf) is True and call.leaf not in _fast_checked
+        fast_unchecked = redraw.fast and call.leaf not in _fast_checked
         if x.device.type == "cpu" and not fast_unchecked:   # the CPU's redraw is exact (tests/test_draw_replay.py)
             return redraw
         mask = redraw.mask() != 0
@@ -393,7 +429,7 @@ class DrawHandler:
                                    "call's; recorded as output != 0 (an element whose input was 0 counts as "
                                    "dropped)", name)
                 mask = kept
-        return redraw.record(), files.pack_mask(mask)
+        return record, files.pack_mask(mask)
 
     # ---- bench side ---------------------------------------------------------------
     def _take(self, kind, name, entry, args, kwargs):
