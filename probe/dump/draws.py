@@ -130,12 +130,29 @@ class _Dropout:
         self.state = None        # (generator, its state before the call): the mask is redrawn
 
     def prepare(self):
-        """Before the call: the generator state a redraw needs (native_dropout's mask is
-        an output)."""
-        if self.leaf != "native_dropout":
-            gen = _generator(self.x.device)
-            if gen is not None:
-                self.state = (gen, gen.get_state())
+        """Before the call: the generator state a redraw needs. None is needed where the
+        mask is an output (native_dropout) or will be read where autograd saves it (a plain
+        dropout of an input that requires grad, ``_saved_mask``)."""
+        if self.leaf == "native_dropout" or (self.leaf == "dropout" and _saves_mask(self.x)):
+            return
+        gen = _generator(self.x.device)
+        if gen is not None:
+            self.state = (gen, gen.get_state())
+
+
+class _Saved:
+    """A mask autograd saved for a dropout's backward, held until the step ends (it is
+    alive until the backward anyway; a step's optimizer runs with them still held)."""
+    __slots__ = ("_record", "_mask")
+
+    def __init__(self, record, mask):
+        self._record, self._mask = record, mask
+
+    def record(self):
+        return self._record
+
+    def mask(self):
+        return self._mask
 
 
 class _Redraw:
@@ -185,6 +202,18 @@ _top_saved_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks
 _MASK_SAVED = {"MulBackward0": "_saved_other", "NativeDropoutBackward0": "_saved_result1"}
 
 
+def _saves_mask(x):
+    """Will autograd save the mask of a dropout of ``x`` where ``_saved_mask`` reads it?"""
+    return x.requires_grad and torch.is_grad_enabled() and _top_saved_hooks is not None and _no_saved_hooks()
+
+
+def _no_saved_hooks():
+    try:
+        return _top_saved_hooks(False) is None
+    except TypeError:
+        return _top_saved_hooks() is None
+
+
 def _saved_mask(call, out):
     """The mask autograd saved for the call's backward, broadcast to the input's shape,
     or None: no graph (no input requiring grad, no_grad), another node (an unbatched
@@ -192,13 +221,7 @@ def _saved_mask(call, out):
     a saved tensor would run their unpack hook, e.g. a checkpoint's recomputation)."""
     fn = getattr(out, "grad_fn", None)
     attr = _MASK_SAVED.get(type(fn).__name__) if fn is not None else None
-    if attr is None or call.leaf in _ALPHA or _top_saved_hooks is None:
-        return None
-    try:
-        hooks = _top_saved_hooks(False)
-    except TypeError:
-        hooks = _top_saved_hooks()
-    if hooks is not None:
+    if attr is None or call.leaf in _ALPHA or _top_saved_hooks is None or not _no_saved_hooks():
         return None
     saved = getattr(fn, attr, None)
     shape = call.x.shape
@@ -370,8 +393,8 @@ class DrawHandler:
             with _own_work():
                 if kind == MASK:
                     drawn = self._mask_of(name, func, call, out)
-                    if isinstance(drawn, _Redraw):   # drawn again when the step ends
-                        self.recorder.add_redraw(entry, drawn)
+                    if not isinstance(drawn, tuple):   # a _Saved or _Redraw: packed when the step ends
+                        self.recorder.add_pending(entry, drawn)
                         return
                     rec, data = drawn
                 else:
@@ -403,11 +426,16 @@ class DrawHandler:
             return record, files.pack_nonzero(out[1])
         saved = _saved_mask(call, out)
         if saved is not None:
-            return record, files.pack_nonzero(saved)
+            return _Saved(record, saved)
         if call.state is None:
-            self._said.warning(("no generator", x.device.type), "probe: no default generator known for %s: "
-                               "dropout masks are recorded as output != 0 (an element whose input was 0 counts "
-                               "as dropped)", x.device.type)
+            if call.leaf == "dropout" and _saves_mask(x):
+                self._said.warning(("not saved", name), "probe: autograd did not save the mask of %s where probe "
+                                   "reads it (%s); recorded as output != 0 (an element whose input was 0 counts as "
+                                   "dropped)", name, type(getattr(out, "grad_fn", None)).__name__)
+            else:
+                self._said.warning(("no generator", x.device.type), "probe: no default generator known for %s: "
+                                   "dropout masks are recorded as output != 0 (an element whose input was 0 "
+                                   "counts as dropped)", x.device.type)
             return record, files.pack_nonzero(out)
         redraw = _Redraw(call, func)
         fast_unchecked = redraw.fast and call.leaf not in _fast_checked
@@ -602,7 +630,9 @@ class _Recorder:
         self._said = said
         self.rank_dir = None
         self.draws: dict = {}
-        self.redraws: list = []     # (entry, _Redraw) of the step's CPU dropouts
+        # (entry, _Saved or _Redraw): masks packed when the step ends, one after another
+        # rather than each between the dump's own work (~3x the cost there: cold caches)
+        self.pending: list = []
 
     def open_step(self, rank_dir):
         if rank_dir != self.rank_dir:
@@ -613,19 +643,19 @@ class _Recorder:
         if self.rank_dir is not None:
             self.draws[entry] = (record, array)
 
-    def add_redraw(self, entry, redraw):
+    def add_pending(self, entry, mask):
         if self.rank_dir is not None:
-            self.redraws.append((entry, redraw))
+            self.pending.append((entry, mask))
 
     def end_step(self):
-        rank_dir, draws, redraws = self.rank_dir, self.draws, self.redraws
-        self.rank_dir, self.draws, self.redraws = None, {}, []
-        if rank_dir is None or not (draws or redraws):   # a step that drew nothing has no file
+        rank_dir, draws, pending = self.rank_dir, self.draws, self.pending
+        self.rank_dir, self.draws, self.pending = None, {}, []
+        if rank_dir is None or not (draws or pending):   # a step that drew nothing has no file
             return
         try:
             with _own_work():
-                for entry, redraw in redraws:
-                    draws[entry] = (redraw.record(), files.pack_nonzero(redraw.mask()))
+                for entry, mask in pending:
+                    draws[entry] = (mask.record(), files.pack_nonzero(mask.mask()))
             files.write_step(rank_dir, draws)
         except Exception as exc:   # never into the training script
             self._said.error("write", "probe: writing the draws of %s failed (%s: %s); training goes on, a bench "
