@@ -48,17 +48,25 @@ def _has_dtype_arg(args, kwargs):
 
 
 def autocast_dtype(args, kwargs, out_dtypes, conversion: bool):
-    """The autocast dtype the dump implies, or None: a float input wider than a low-precision
-    float output, with no explicit dtype argument (that is what autocast produces)."""
+    """The autocast dtype the dump implies, or None, with no explicit dtype argument (that
+    is what autocast produces): a float input wider than a low-precision float output (an
+    op autocast runs low), or low-precision float inputs only and a wider float output (an
+    op autocast runs in float32, e.g. cross_entropy on bf16 logits: replayed without
+    autocast it would compute in bf16, a bias that reads as a scaled output)."""
     if conversion or _has_dtype_arg(args, kwargs):
         return None
     ins = _floats_in(list(args) + list(kwargs.values()), set())
-    outs = [d for d in out_dtypes if d in _LOW]
-    if not ins or not outs:
+    if not ins:
         return None
-    low = min(outs, key=_RANK.get)
-    if any(_RANK[d] > _RANK[low] for d in ins if d in _RANK):
-        return low
+    outs = [d for d in out_dtypes if d in _LOW]
+    if outs:
+        low = min(outs, key=_RANK.get)
+        if any(_RANK[d] > _RANK[low] for d in ins if d in _RANK):
+            return low
+        return None
+    wide_out = [d for d in out_dtypes if d in _RANK and d not in _LOW]
+    if wide_out and ins <= set(_LOW):
+        return min(ins, key=_RANK.get)
     return None
 
 
