@@ -50,10 +50,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from probe.dump import draw_files as files
 from probe.dump.draw_files import MASK, VALUES, DrawRecord
-from probe.dump.modules import blocked
+from probe.dump.modules import OwnWork
 from probe.errors import ConfigError, DrawMismatch
-from probe.hook_module.interceptor import state
-from probe.hook_module.own_work import no_function_mode
 from probe.log_once import LogOnce
 from probe.precheck.entries import DROPOUT_ARGS, RANDOM
 
@@ -93,25 +91,6 @@ class _Kinds(dict):
     def __missing__(self, name):
         kind = self[name] = kind_of(name.rsplit(".", 1)[-1])
         return kind
-
-
-class _own_work:
-    """probe's own torch calls here: past every function mode, not APIs (the interceptor's
-    depth), not kernels (the L2 dispatch mode's ``blocked``), as module hooks' are."""
-    __slots__ = ("mode",)
-
-    def __enter__(self):
-        state.depth += 1
-        blocked.value += 1
-        self.mode = no_function_mode()
-        self.mode.__enter__()
-
-    def __exit__(self, *exc):
-        try:
-            self.mode.__exit__(*exc)
-        finally:
-            blocked.value -= 1
-            state.depth -= 1
 
 
 def _arg(args, kwargs, pos, key, default):
@@ -378,7 +357,7 @@ class DrawHandler:
         if kind != MASK:
             return None
         try:
-            with _own_work():
+            with OwnWork():
                 call = _dropout_call(name, name.rsplit(".", 1)[-1], args, kwargs)
                 if not isinstance(call, _Dropout):
                     return False
@@ -390,7 +369,7 @@ class DrawHandler:
 
     def _after(self, kind, name, entry, func, call, out):
         try:
-            with _own_work():
+            with OwnWork():
                 if kind == MASK:
                     drawn = self._mask_of(name, func, call, out)
                     if not isinstance(drawn, tuple):   # a _Saved or _Redraw: packed when the step ends
@@ -478,11 +457,11 @@ class DrawHandler:
                 raise self._mismatch(entry, f"input shape {list(call.x.shape)} here, {list(rec.shape)} in the NPU run")
             if call.p != rec.p:
                 raise self._mismatch(entry, f"p={call.p} here, p={rec.p} in the NPU run")
-            with _own_work():
+            with OwnWork():
                 take = _TakeDraw(mask=draws.mask(entry).to(call.x.device), p=call.p)
         else:
             self._check(entry, rec, VALUES)
-            with _own_work():
+            with OwnWork():
                 take = _TakeDraw(values=draws.values(entry))
         self.source.taken.add(entry)
         return take
@@ -557,7 +536,7 @@ class _TakeDraw(TorchDispatchMode):
         if self.taken or self.error is not None or func.overloadpacket not in _random_kernels():
             return func(*args, **kwargs)
         out = func(*args, **kwargs)   # the bench's own draw, so that its generator moves on
-        with _own_work():             # (at L2 the kernel dumper records the real call, not this)
+        with OwnWork():             # (at L2 the kernel dumper records the real call, not this)
             if self.mask is not None:
                 if func is torch.ops.aten.bernoulli_.float:
                     out.copy_(_fit(self.mask, out))
@@ -653,7 +632,7 @@ class _Recorder:
         if rank_dir is None or not (draws or pending):   # a step that drew nothing has no file
             return
         try:
-            with _own_work():
+            with OwnWork():
                 for entry, mask in pending:
                     draws[entry] = (mask.record(), files.pack_nonzero(mask.mask()))
             files.write_step(rank_dir, draws)

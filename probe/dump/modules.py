@@ -59,9 +59,9 @@ _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 # there: every tensor attribute read (t.shape, t.grad_fn) would go through it (~3 us each).
 
 
-class _OwnWork:
-    """probe's own torch calls in a hook: not APIs (interceptor), not kernels (L2 mode),
-    and tensor attribute reads skip the function mode."""
+class OwnWork:
+    """probe's own torch calls in a hook or a draw: not APIs (interceptor), not kernels
+    (L2 mode), and tensor attribute reads skip the function mode."""
     __slots__ = ("mode",)
 
     def __enter__(self):
@@ -219,7 +219,7 @@ class ModuleDumper:
                 parent = construct.current if construct is not None else None
                 call = None
                 try:
-                    with _OwnWork():
+                    with OwnWork():
                         call = self._before(mod, name, fwd, args, kwargs, parent)
                 except Exception as exc:
                     api.entries.fail(name, exc)
@@ -253,7 +253,7 @@ class ModuleDumper:
             if construct is not None:
                 construct.current = parent
             try:
-                with _OwnWork():
+                with OwnWork():
                     self._after(call, output)
             except Exception as exc:
                 api.entries.fail(name, exc)
@@ -315,7 +315,7 @@ class ModuleDumper:
         return on_done
 
     def _grad_seen(self, grad):
-        with _OwnWork():
+        with OwnWork():
             return self.api.entries.grad_seen(grad)
 
     def _param_hook(self, owners):
@@ -324,7 +324,7 @@ class ModuleDumper:
         def hook(grad):
             if api.filter.backward:
                 try:
-                    with _OwnWork():
+                    with OwnWork():
                         self._param_grad(owners, grad)
                 except Exception as exc:
                     api.entries.fail(owners[0][0], exc)
