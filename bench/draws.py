@@ -2,14 +2,15 @@
 dropout, with draw recording on and off.
 
     python bench/draws.py [--task statistics] [--d 64] [--layers 2] [--seq 16] [--batch 2] [--blocks 12] [--block 8]
-                          [--rounds 3] [--dir /dev/shm]
+                          [--rounds 3] [--dir /dev/shm] [--null]
 
 The model is tests/test_draw_replay.py's: the tiny HF GPT-2 of tests/real_runs.py with
 resid/embd/attn dropout 0.1, eager attention, AdamW, in train mode. One debugger dumps
-every step; recording is switched on and off in alternate blocks of ``--block`` steps (the
-interceptor's handler is the draw handler, or the chain behind it as when nothing is
-recorded: a switch for this measurement only), so that a machine whose speed drifts slows
-both alike. The first step of a block is not timed (it follows a step of the other
+every step; recording is switched on and off in blocks of ``--block`` steps, in pairs of
+blocks taken in turn on-off and off-on (the interceptor's handler is the draw handler, or
+the chain behind it as when nothing is recorded: a switch for this measurement only), so
+that a machine whose speed drifts slows both alike (with on always first, a process
+getting faster showed recording off 0.3-0.5 ms faster than itself). The first step of a block is not timed (it follows a step of the other
 setting). Per round: the median step time on and off, and
 the median of the differences of a block's steps and the previous block's; the dump's own
 time is the median dumped step (recording off) minus the median step of the same loop
@@ -62,10 +63,12 @@ def block_steps(args, dumped):
     try:
         for i in range(n):
             block, k = divmod(i, args.block)
-            recording = block % 2 == 0
+            pair, second = divmod(block, 2)
+            recording = second == pair % 2   # on-off, off-on, on-off, ...: a drifting speed cancels out
             if dbg and k == 0:   # the switch: the draw handler in front of the chain, or not
-                dbg._interceptor.handler = dbg._draws if recording else dbg.forensics
-                dbg._draws.recorder = recorder if recording else None
+                on = recording and not args.null
+                dbg._interceptor.handler = dbg._draws if on else dbg.forensics
+                dbg._draws.recorder = recorder if on else None
             x = batches[i % len(batches)]
             t = {c: clock() for c, clock in CLOCKS.items()}
             if dbg:
@@ -79,7 +82,7 @@ def block_steps(args, dumped):
             if block >= 2 and k > 0:   # two blocks of warm-up
                 for c, clock in CLOCKS.items():
                     times[c][0 if recording else 1].append(clock() - t[c])
-        if dbg:
+        if dbg and not args.null:
             assert os.path.exists(os.path.join(folder, "step1", "rank", "draws.safetensors")), "no draws recorded"
             assert not os.path.exists(os.path.join(folder, f"step{args.block + 1}", "rank", "draws.safetensors")), \
                 "recorded when off"
@@ -102,6 +105,7 @@ def main():
     ap.add_argument("--dir", default=None, help="where the dumps go (default: the temp folder)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--null", action="store_true", help="recording off in both blocks: the method's noise floor")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     med = statistics.median
