@@ -1,5 +1,6 @@
 """Shared fixtures for the dump tests: a fresh dump folder, debuggers closed after each test."""
 import json
+import logging
 import os
 
 import pytest
@@ -81,3 +82,34 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+class LogCapture(logging.Handler):
+    """The records of one logger and its children at ``level`` and above, also where the
+    logger does not propagate to the root (torch's), which pytest's caplog would miss.
+
+        with LogCapture("torch._dynamo", logging.DEBUG) as log: ...
+        log.messages
+    """
+
+    def __init__(self, name, level):
+        super().__init__(level)
+        self.logger = logging.getLogger(name)
+        self.records = []
+
+    def __enter__(self):
+        self.saved_level = self.logger.level
+        self.logger.setLevel(self.level)
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.saved_level)
+
+    def emit(self, record):
+        self.records.append(record)
+
+    @property
+    def messages(self):
+        return [r.getMessage() for r in self.records]

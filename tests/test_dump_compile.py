@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 dynamo = pytest.importorskip("torch._dynamo")
-from conftest import load_dump  # noqa: E402
+from conftest import LogCapture, load_dump  # noqa: E402
 from models import make_gpt, train_step  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
@@ -29,26 +29,6 @@ def _mode_lines_dynamo_may_trace():
     lines, first = inspect.getsourcelines(interceptor._Mode.__torch_function__)
     end = next(i for i, text in enumerate(lines) if "_is_compiling()" in text) + 1
     return {first + i for i in range(end + 1)}
-
-
-class _DynamoLog(logging.Handler):
-    """Everything dynamo logs at DEBUG, its trace and guard artifacts included (they do not
-    reach pytest's caplog: torch's loggers do not propagate to the root)."""
-
-    def __enter__(self):
-        self.messages = []
-        self.logger = logging.getLogger("torch._dynamo")
-        self.level = self.logger.level
-        self.logger.setLevel(logging.DEBUG)
-        self.logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        self.logger.removeHandler(self)
-        self.logger.setLevel(self.level)
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
 
 
 def _probe_lines_traced(messages):
@@ -78,7 +58,7 @@ def _train(make_debugger=None, steps=3, level="L1", give=None):
 
 def test_compiled_model_under_debugger(make_debugger, dump_dir, caplog):
     plain_losses, plain_params, plain_frames = _train()
-    with caplog.at_level(logging.WARNING), _DynamoLog() as dynamo_log:
+    with caplog.at_level(logging.WARNING), LogCapture("torch._dynamo", logging.DEBUG) as dynamo_log:
         losses, params, frames = _train(make_debugger)
     # dynamo compiled the model's frame and nothing of probe's: no graph break, no recompile
     assert frames == plain_frames, (frames, plain_frames)

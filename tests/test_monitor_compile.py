@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 dynamo = pytest.importorskip("torch._dynamo")
+from conftest import LogCapture  # noqa: E402
 from models import make_gpt, train_step  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
@@ -46,34 +47,13 @@ def _eager_hook_call(reason):
         "UserDefinedObjectVariable(_forward_hook_entry)" in reason
 
 
-class _Warnings(logging.Handler):
-    """The warnings of a logger and its children (caplog is function-scoped)."""
-
-    def __init__(self, name):
-        super().__init__(logging.WARNING)
-        self.logger = logging.getLogger(name)
-        self.records = []
-
-    def __enter__(self):
-        self.level = self.logger.level
-        self.logger.setLevel(logging.WARNING)
-        self.logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        self.logger.removeHandler(self)
-        self.logger.setLevel(self.level)
-
-    def emit(self, record):
-        self.records.append(record)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The plain run and the monitored run, once for the tests below (each compiles)."""
     out_dir = str(tmp_path_factory.mktemp("monitor_compile"))
     plain = _train()
-    with _Warnings("torch._dynamo") as dynamo_warnings, _Warnings("probe") as probe_warnings:
+    with LogCapture("torch._dynamo", logging.WARNING) as dynamo_warnings, \
+            LogCapture("probe", logging.WARNING) as probe_warnings:
         monitored = _train(out_dir)
     return plain, monitored, dynamo_warnings.records, out_dir, [r.getMessage() for r in probe_warnings.records]
 
