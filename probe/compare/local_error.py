@@ -185,14 +185,13 @@ class Replays:
             logger.debug("output of %s could not be read: %s", entry, exc)
             return None
 
-    def _golden_of_magnitudes(self, func, args, kwargs, out_dtypes, api):
+    def _golden_of_magnitudes(self, func, args, kwargs, api):
         """The float64 golden of the call on its inputs' absolute values (a sum's terms
         before they cancel), or None."""
         from probe.tensor_tree import map_tensors
         absolute = lambda t: t.abs() if t.is_floating_point() else t
         try:
-            _, gold = self.replayer.forward(func, map_tensors(absolute, args), map_tensors(absolute, kwargs),
-                                            out_dtypes, api, golden=True)
+            gold = self.replayer.golden(func, map_tensors(absolute, args), map_tensors(absolute, kwargs), api)
         except Exception:   # noqa: BLE001 - no measure of cancellation: judged as before
             return None
         return gold.outputs if gold is not None and not gold.error else None
@@ -249,7 +248,7 @@ class Replays:
             return None
         replayed = replay.outputs if replay is not None and not replay.error else None
         sums = api.phase == "forward" and api.leaf in SUMS
-        magnitudes = self._golden_of_magnitudes(func, args, kwargs, out_dtypes, api) if sums else None
+        magnitudes = self._golden_of_magnitudes(func, args, kwargs, api) if sums else None
 
         def conditioning(k):
             if not magnitudes or k >= len(magnitudes) or k >= len(gold.outputs):

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import sys
 
+import torch
+
 
 def _dtensor_type():
     """DTensor's class when torch.distributed.tensor is already imported (a model that
@@ -31,8 +33,14 @@ def _dtensor_type():
     return None
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def split(t):
-    """(the tensor to summarise and save, its layout dict or None)."""
+    """(the tensor to summarise and save, its layout dict or None). A plain tensor (every
+    tensor off the C path on an accelerator) returns after one type check."""
+    if type(t) in _PLAIN:
+        return t, None
     cls = _dtensor_type()
     if cls is None or not isinstance(t, cls):
         return t, None

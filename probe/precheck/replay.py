@@ -147,6 +147,10 @@ class Replayer:
         names = ", ".join(sorted(str(d).replace("torch.", "") for d in low))
         return Run(outputs=out, note=f"upcast to float32 ({names} kernel missing on {self.device}: {_short(first)})")
 
+    def golden(self, func, args, kwargs, api):
+        """The call in float64 (on this device, else on the CPU) alone: a Run."""
+        return self._run_golden(func, index_as_written(api, args), kwargs, api)
+
     def _run_golden(self, func, args, kwargs, api):
         for device in dict.fromkeys([self.device, "cpu"]):
             try:
