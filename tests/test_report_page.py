@@ -10,6 +10,7 @@ Browser tests drive Debian's chromium through chromium-driver and selenium; with
 they skip with a one-line reason (``.ci/run`` installs them).
 """
 import glob
+import inspect
 import logging
 import os
 import re
@@ -238,18 +239,35 @@ def test_run_page_refuses_a_bad_summary(tmp_path):
                        str(tmp_path / "x.html"))
 
 
+def _line_of(func, text):
+    """The line number of the first line of ``func``'s source that holds ``text``."""
+    lines, start = inspect.getsourcelines(func)
+    return start + next(i for i, line in enumerate(lines) if text in line)
+
+
 def test_demo_injects_a_kernel_fault_and_names_it(tmp_path, capsys, caplog):
     import json
 
-    from probe.demo import FAULT_CALL, run_demo
+    from probe.demo import FAULT_CALL, DemoBlock, run_demo
     caplog.set_level(logging.INFO, logger="probe")
     paths = run_demo(str(tmp_path / "demo"))
     assert "injecting one kernel fault" in capsys.readouterr().err     # the demo script's own line
     said = [r.getMessage() for r in caplog.records if r.name == "probe.compare.api"]   # compare's answer
     verdict = [line for line in said if "verdict:" in line]
     assert len(verdict) == 1 and FAULT_CALL in verdict[0]
+    # the culprit's line is the demo model's own F.gelu call, not the training loop's model(tokens)
+    gelu_line = _line_of(DemoBlock.forward, "F.gelu(")
+    assert f"demo.py:{gelu_line} in forward" in verdict[0], verdict[0]
     with open(paths[-1], encoding="utf-8") as fh:
         assert json.load(fh)["first_divergence"]["forward"]["npu_name"] == FAULT_CALL
+    # stack.json keeps the model's frames (they live in probe/demo.py): the gelu call's innermost frame is forward's
+    with open(tmp_path / "demo" / "npu_dump" / "step0" / "rank" / "stack.json", encoding="utf-8") as fh:
+        stacks = json.load(fh)
+    (frames,) = [frames for names, frames in stacks.values() if FAULT_CALL in names]
+    assert frames[0].startswith(f"File {inspect.getsourcefile(DemoBlock)}, line {gelu_line}, in forward"), frames[0]
+    # ...so calls on different lines of forward are no longer one stack
+    (names,) = [names for names, _ in stacks.values() if FAULT_CALL in names]
+    assert "Tensor.chunk.0.forward" not in names and "Functional.softmax.0.forward" not in names
     wb = openpyxl.load_workbook(paths[0])
     lines = {r[0].value: r[1].value for r in wb["Summary"].iter_rows(min_row=2)}
     assert lines["first divergence (forward)"].startswith(FAULT_CALL)

@@ -4,8 +4,8 @@ Formatting a traceback costs tens of microseconds, and even reading ``f_lineno``
 line table. A stack is keyed by its (code object, instruction offset) pairs, read by the
 compiled ``_cstack`` extension where it was built (a loop over pointers: a deep stack in
 Python costs several microseconds per call), and formatted only the first time it is seen.
-Frames of probe itself, of torch's function-mode plumbing, and the API's own dispatch
-frame are left out of the formatted stack, so its innermost frame is the line that called
+Frames of probe itself (not its demo model, which is user code: ``USER_FILES``), of torch's
+function-mode plumbing, and the API's own dispatch frame are left out of the formatted stack, so its innermost frame is the line that called
 the API; the key covers them too, which costs nothing (one call path, one key).
 """
 import json
@@ -22,6 +22,8 @@ except ImportError:   # built without a C compiler: keys are made in Python
 
 _PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+# files in probe's folder that hold a user's model, not probe's machinery: their frames stay
+USER_FILES = frozenset({_PROBE_DIR + "demo.py"})
 # torch's function-mode plumbing: never the line that called the API
 TORCH_PLUMBING = tuple(_TORCH_DIR + p for p in (
     "overrides.py", os.path.join("utils", "_python_dispatch.py"), os.path.join("utils", "_device.py")))
@@ -32,8 +34,11 @@ TORCH_OP_PLUMBING = TORCH_PLUMBING + tuple(_TORCH_DIR + p for p in (
 
 
 def is_plumbing(filename, torch_files=TORCH_PLUMBING):
-    """The one stack filter: a frame of probe itself or of torch's plumbing (``torch_files``)."""
-    return filename.startswith(_PROBE_DIR) or filename.startswith(torch_files)
+    """The one stack filter: a frame of probe itself (``USER_FILES`` aside) or of torch's
+    plumbing (``torch_files``)."""
+    if filename.startswith(_PROBE_DIR):
+        return filename not in USER_FILES
+    return filename.startswith(torch_files)
 
 
 
