@@ -84,7 +84,8 @@ def compare_distributed(npu_dir: str, bench_dir: str, output_path: str, *,
     an ``if __name__ == "__main__":`` guard. ``compare_run`` returns the summary too.
     ``verbose`` logs the run's answer as ``compare`` does.
     """
-    from .run import answer_lines, compare_run
+    from .run import compare_run
+    from .run_report import answer_lines
     run = compare_run(npu_dir, bench_dir, output_path, bench2_root=bench2_dir, executor=executor,
                       scheduler=scheduler, processes=processes, **kwargs)
     if verbose:

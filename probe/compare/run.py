@@ -156,27 +156,3 @@ def write_summary(path: str, summary: dict) -> None:
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=1, allow_nan=False)
     os.replace(tmp, path)
-
-
-def answer_lines(summary: dict) -> list:
-    """The run's answer as console lines."""
-    fd = summary["first_divergence"]
-    counts: dict = {}
-    for cell in summary["grid"]:
-        counts[cell["verdict"]] = counts.get(cell["verdict"], 0) + 1
-    lines = [f"run: {len(summary['steps'])} step(s) x {len(summary['ranks'])} rank(s): "
-             + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
-    if fd is None:
-        lines.append("first divergence: none (no pair's call introduces error)")
-    else:
-        what = "introduces error" if fd["kind"] == "introduced" else "inputs already differ"
-        lines.append(f"first divergence: {fd['name']} ({fd['direction']}) at step {fd['step']}, "
-                     f"rank {fd['rank']}: {what}")
-        if fd.get("reason"):
-            lines.append(f"  why: {fd['reason']}")
-        lines.append(f"  report: {fd['report']}")
-    for u in summary["unpaired"]:
-        lines.append(f"unpaired: only the {u['side']} side has step {u['step']} rank{u['rank']}")
-    for note in summary["notes"]:
-        lines.append(f"note: {note}")
-    return lines

@@ -1,4 +1,5 @@
-"""The run workbook: ``OUT/compare_run_{timestamp}.xlsx``.
+"""The run's answer as people read it: the console lines (``answer_lines``) and the run
+workbook ``OUT/compare_run_{timestamp}.xlsx``.
 
 Sheets: *Run* (the answer and the notes), *Pairs* (one row per step/rank pair: verdict,
 first divergence, seconds, the pair's report; red where a pair introduces error, yellow
@@ -19,7 +20,6 @@ _MAX_GRID_RANKS = 16000          # xlsx has 16384 columns
 
 def run_sheet(summary: dict) -> Sheet:
     """The answer, one line per item."""
-    from .run import answer_lines
     fd = summary["first_divergence"] or {}
     lines = [["NPU root", summary["npu_root"]], ["bench root", summary["bench_root"]],
              ["steps", ", ".join(map(str, summary["steps"]))],
@@ -61,3 +61,27 @@ def write_run_workbook(summary: dict, outcomes: list, output_path: str) -> str:
         path, k = f"{stem}_{k}.xlsx", k + 1
     write_workbook(path, [run_sheet(summary), pairs_sheet(summary, outcomes), grid_sheet(summary)])
     return path
+
+
+def answer_lines(summary: dict) -> list:
+    """The run's answer as console lines."""
+    fd = summary["first_divergence"]
+    counts: dict = {}
+    for cell in summary["grid"]:
+        counts[cell["verdict"]] = counts.get(cell["verdict"], 0) + 1
+    lines = [f"run: {len(summary['steps'])} step(s) x {len(summary['ranks'])} rank(s): "
+             + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
+    if fd is None:
+        lines.append("first divergence: none (no pair's call introduces error)")
+    else:
+        what = "introduces error" if fd["kind"] == "introduced" else "inputs already differ"
+        lines.append(f"first divergence: {fd['name']} ({fd['direction']}) at step {fd['step']}, "
+                     f"rank {fd['rank']}: {what}")
+        if fd.get("reason"):
+            lines.append(f"  why: {fd['reason']}")
+        lines.append(f"  report: {fd['report']}")
+    for u in summary["unpaired"]:
+        lines.append(f"unpaired: only the {u['side']} side has step {u['step']} rank{u['rank']}")
+    for note in summary["notes"]:
+        lines.append(f"note: {note}")
+    return lines

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from probe.toolbox.autocompare import compare
+from probe.toolbox.golden_check import compare
 
 
 def _arg(args, kwargs, i, key, default):

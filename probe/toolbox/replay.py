@@ -13,8 +13,9 @@ import time
 import torch
 
 from probe.toolbox import base
-from probe.toolbox.autocompare import compare, golden_dtype, golden_inputs
+from probe.toolbox.autocompare import golden_dtype, golden_inputs
 from probe.toolbox.capture import decode, flat_input_slots
+from probe.toolbox.golden_check import compare
 from probe.toolbox.options import Tolerances
 
 
