@@ -152,6 +152,17 @@ def test_metrics_values():
     assert m.euc_dist == pytest.approx(0.004)
 
 
+def test_identical_tensors_have_cosine_exactly_one():
+    """Rounding of the float64 sums made an identical int64 tensor's cosine 0.9999999999999998."""
+    for seed in range(20):
+        g = np.random.default_rng(seed)
+        for a in (g.integers(0, 64, (4, 16)), g.standard_normal((8, 8)).astype(np.float32)):
+            m = tensor_metrics(a, a.copy(), 1e-4, 1e-6, exact=a.dtype.kind == "i")
+            assert m.cosine == 1.0 and m.euc_dist == 0.0, (seed, a.dtype, m.cosine)
+    c = tensor_metrics(np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.0 + 1e-12]), 1e-4, 1e-6).cosine
+    assert -1.0 <= c <= 1.0
+
+
 def test_missing_tensor_file_marks_the_row(tmp_path):
     a = write_dump(str(tmp_path / "npu"), {"A.op.0.forward": [X, X]})
     b = write_dump(str(tmp_path / "bench"), {"A.op.0.forward": [X, X]})

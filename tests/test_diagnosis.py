@@ -18,6 +18,7 @@ from probe.compare import compare
 import glob
 import math
 import os
+import re
 
 import pandas as pd
 import torch
@@ -269,10 +270,27 @@ def test_identical_runs_have_no_divergence_and_the_report_has_its_chart(dumps, t
     header = [c.value for c in ws[1]]
     rows = [dict(zip(header, r)) for r in ws.iter_rows(min_row=2, values_only=True)]
     culprit = next(r for r in rows if r["NPU Name"] == "Functional.layer_norm.1.forward")
-    assert culprit["Local Error"] == "introduces"
+    assert culprit["Status"] == "introduces"
     assert culprit["Plot Output Error"] == pytest.approx(0.01, rel=1e-3)      # the 1.01 scaling
+    # its local error (re-run on its own inputs) is a number, far beyond a correct kernel's
+    assert isinstance(culprit["Local Error"], float) and isinstance(culprit["Correct Kernel Error"], float)
+    assert culprit["Local Error"] == pytest.approx(0.01, rel=0.05)
+    assert culprit["Local Error"] > 3 * culprit["Correct Kernel Error"]
     before = rows[:rows.index(culprit)]
-    assert before and all(r["Local Error"] == "clean" and not r["Plot Output Error"] for r in before)
+    assert before and all(r["Status"] == "clean" and not r["Plot Output Error"] for r in before)
+    # numbers are numbers: no infinity written as the text 'inf' (a Jump from an input error of 0 is empty)
+    for r in rows:
+        for h in ("Input Error", "Output Error", "Jump", "Threshold", "Noise", "Local Error",
+                  "Correct Kernel Error", "1 - Cosine", "MaxRelativeErr"):
+            assert r[h] is None or isinstance(r[h], (int, float)), (r["NPU Name"], h, r[h])
+        if r["Input Error"] == 0 and r["Output Error"]:
+            assert r["Jump"] is None
+    # the Summary's worst output does not round an error row's cosine to 1
+    lines = dict(wb["Summary"].iter_rows(min_row=2, values_only=True))
+    worst = lines["first divergence (forward): worst output"]
+    assert ".output.0: error" in worst and "beyond" in worst, worst    # why the row is an error, first
+    cos = re.search(r"Cosine ([0-9.e-]+)(,| \(same direction)", worst)   # a scaling: cosine 1, said why
+    assert cos and (float(cos.group(1)) < 1 or cos.group(2) != ","), worst
     lines = dict(wb["Summary"].iter_rows(min_row=2, values_only=True))
     assert lines["first divergence (forward)"].startswith("Functional.layer_norm.1.forward")
 

@@ -132,7 +132,7 @@ def _check_named(paths, summary, expected):
         [(r["NPU Name"], r["Result"]) for r in csv_rows]
     assert any(r["Result"] == "error" for r in sheet_rows if r["NPU Name"].startswith(outputs))
     assert str(sheet_summary["suspect 1"]).startswith(expected), sheet_summary["suspect 1"]
-    assert len(diag) == 1 and _jump_ok(diag[0]["Jump"]), diag
+    assert len(diag) == 1 and (diag[0]["Jump"] is None or _jump_ok(diag[0]["Jump"])), diag   # the sheet: no 'inf' text
 
 
 def _same_dump(root_a, root_b, step):

@@ -127,8 +127,10 @@ def tensor_metrics(a: np.ndarray, b: np.ndarray, rtol: float, floor: float,
     elif na == 0.0 or nb == 0.0:
         which = "both sides are" if na == nb else ("NPU is" if na == 0.0 else "bench is")
         m.notes.append(f"cosine undefined: {which} all zeros")
+    elif ss_d == 0.0:
+        m.cosine = 1.0      # identical: exactly 1, not the 1 - 2e-16 that rounding of the sums gives
     else:
-        m.cosine = float(ab / math.sqrt(na) / math.sqrt(nb))
+        m.cosine = max(-1.0, min(1.0, float(ab / math.sqrt(na) / math.sqrt(nb))))
     m.max_rel = max_rel
     m.one_thousandth = float(n1 / size)
     m.five_thousandths = float(n5 / size)

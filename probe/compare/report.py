@@ -4,6 +4,7 @@ HTML page (html_report) and compare_summary_*.json next to it (also copied to
 compare_summary.json, the latest run's)."""
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -91,9 +92,9 @@ def _widths(header, cols):
 
 
 DIAG_HEADER = ["#", "Direction", "NPU Name", "Bench Name", "Match", "Module", "Input Error",
-               "Output Error", "Jump", "Threshold", "Noise", "Local Error", "1 - Cosine",
-               "MaxRelativeErr", "Plot Output Error", "Plot Input Error"]
-_DIAG_WIDTHS = [7, 10, 44, 44, 14, 28, 12, 12, 10, 10, 10, 12, 11, 13, 12, 12]
+               "Output Error", "Jump", "Threshold", "Noise", "Status", "Local Error", "Correct Kernel Error",
+               "1 - Cosine", "MaxRelativeErr", "Plot Output Error", "Plot Input Error"]
+_DIAG_WIDTHS = [7, 10, 44, 44, 14, 28, 12, 12, 10, 10, 10, 11, 12, 12, 11, 13, 12, 12]
 _STATUS_STYLE = {"introduces": "error", "inherits": "warning"}
 
 
@@ -102,15 +103,28 @@ def _plot(x):
     return x if isinstance(x, float) and 0 < x < float("inf") else None
 
 
+def _number(x):
+    """A number cell, or an empty one: a spreadsheet has no infinity (it would be the text
+    'inf', which sorts and filters as text)."""
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
 def diagnosis_sheet(diag) -> Sheet:
+    """One row per call: its error in and out, its verdict (Status) and, where it was re-run
+    on the NPU's own inputs, its local error against what a correct kernel of its dtype adds.
+    Jump (output error / input error) is empty where the input error is 0."""
     calls = diag.calls
     judged = [u.output_error is not None for u in calls]
     cols = [[u.index + 1 for u in calls], [u.direction for u in calls],
             [u.npu_entry for u in calls], [u.bench_entry for u in calls], [u.match for u in calls],
-            [u.module for u in calls], [u.input_error for u in calls], [u.output_error for u in calls],
-            [u.jump if j else None for u, j in zip(calls, judged)],
-            [u.threshold if j else None for u, j in zip(calls, judged)], [u.noise for u in calls],
-            [u.status for u in calls], [u.one_minus_cos for u in calls], [u.max_rel for u in calls],
+            [u.module for u in calls], [_number(u.input_error) for u in calls],
+            [_number(u.output_error) for u in calls],
+            [_number(u.jump) if j else None for u, j in zip(calls, judged)],
+            [_number(u.threshold) if j else None for u, j in zip(calls, judged)],
+            [_number(u.noise) for u in calls], [u.status for u in calls],
+            [_number(u.local.local) if u.local is not None else None for u in calls],
+            [_number(u.local.correct) if u.local is not None else None for u in calls],
+            [_number(u.one_minus_cos) for u in calls], [_number(u.max_rel) for u in calls],
             [_plot(u.output_error) for u in calls], [_plot(u.input_error) for u in calls]]
     styles = [_STATUS_STYLE.get(u.status) for u in calls]
     return Sheet("Diagnosis", DIAG_HEADER, cols, styles, _DIAG_WIDTHS)
@@ -129,8 +143,9 @@ def _describe(label, rec) -> list:
                                           f"{_fmt(rec['output_error'])} (threshold {_fmt(rec['threshold'])})"]]
     w = rec.get("worst_output")
     if w:
-        lines.append([f"{label}: worst output", f"{w['npu_row']}: {w['result']}; " + ", ".join(
-            f"{k} {_fmt(v)}" for k, v in w["metrics"].items() if v is not None)])
+        why = w.get("err_message") or w["result"]      # the message starts with the result
+        lines.append([f"{label}: worst output", f"{w['npu_row']}: {why}; " + ", ".join(
+            _metric(k, v, w["result"]) for k, v in w["metrics"].items() if v is not None)])
     if rec.get("unmatched_before"):
         lines.append([f"{label}: one-sided calls just before it", ", ".join(rec["unmatched_before"][:20])])
     if rec.get("module"):
@@ -139,9 +154,21 @@ def _describe(label, rec) -> list:
     return lines
 
 
+def _metric(name, value, result) -> str:
+    """``name value`` for the Summary; a cosine of exactly 1 on a row that is off says why."""
+    if name == "Cosine" and value == 1.0 and result not in ("pass", None):
+        return "Cosine 1 (same direction: the error is in the magnitude)"
+    return f"{name} {_fmt(value)}"
+
+
 def _fmt(x) -> str:
     if isinstance(x, float):
-        return f"{x:.4g}"
+        text = f"{x:.4g}"
+        digits = 4
+        while text in ("1", "-1") and x not in (1.0, -1.0) and digits < 17:   # a cosine of 0.99998 is not 1
+            digits += 2
+            text = f"{x:.{digits}g}"
+        return text
     return "-" if x is None else str(x)
 
 
