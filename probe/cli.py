@@ -12,7 +12,8 @@ import sys
 COMMANDS = {
     "init": ("probe.init_config", "write an editable config.json and support_wrap_ops.yaml"),
     "demo": ("probe.demo_cli", "dump a small model as bf16 'NPU' and fp32 'bench' runs and compare them"),
-    "compare": ("probe.compare.cli", "compare an NPU dump with a bench dump into an Excel report"),
+    "compare": ("probe.compare.cli", "compare an NPU dump with a bench dump: an HTML page, xlsx, csv "
+                                     "and compare_summary json"),
     "check-ranks": ("probe.compare.check_ranks_cli",
                     "find ranks whose collective results differ from the other ranks' (one run, no bench)"),
     "run-ut": ("probe.precheck.run_ut_cli", "pre-check every dumped API against a float64 golden on a trusted device"),
@@ -29,7 +30,8 @@ def _top_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="commands:\n" + "\n".join(f"  {n:<12} {h}" for n, (_, h) in COMMANDS.items()))
     parser.add_argument("--version", action="store_true", help="print probe's version and exit")
-    parser.add_argument("command", choices=sorted(COMMANDS), metavar="command")
+    parser.add_argument("command", choices=sorted(COMMANDS), metavar="command",
+                        help="one of the commands below; 'probe COMMAND -h' for its options")
     return parser
 
 
@@ -39,8 +41,11 @@ def main(argv=None):
         from probe import __version__
         print(f"probe {__version__}")
         return 0
-    if not argv or argv[0] not in COMMANDS:
-        _top_parser().parse_args(argv or ["--help"])
+    if not argv:                       # no command: the help, and the status of a usage error
+        _top_parser().print_help(sys.stderr)
+        return 2
+    if argv[0] not in COMMANDS:
+        _top_parser().parse_args(argv)   # --help exits 0; anything else is a usage error (exit 2)
         return 2
     name = argv[0]
     module_name, help_text = COMMANDS[name]

@@ -49,7 +49,7 @@ def require_device(value):
 def add_output_option(parser, default=None, dest="output", help="output path"):
     """``-o`` / ``--output`` / ``--out``."""
     parser.add_argument("-o", "--output", "--out", dest=dest, default=default,
-                        help=help if default is None else f"{help} (default {default})")
+                        help=help if default is None or "(default" in help else f"{help} (default {default})")
 
 
 def add_registry_option(parser):

@@ -64,3 +64,57 @@ def test_a_statistics_compare_imports_no_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def _fixture_dump(name="v26_mix_statistics_fp32"):
+    import glob
+    return glob.glob(os.path.join(os.path.dirname(__file__), "fixtures", "msprobe", name, "step0", "*", "dump.json"))[0]
+
+
+def test_bare_probe_prints_the_help_and_fails(capsys):
+    from probe.cli import main
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "usage: probe" in err and "compare" in err
+    # the positional has its text, not a bare "command"
+    assert "command     one of the commands below" in err
+
+
+def test_help_texts_say_each_default_once_and_what_compare_writes(capsys):
+    from probe.cli import main
+    for command in ("run-ut", "compare"):
+        with pytest.raises(SystemExit):
+            main([command, "-h"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert "(default .) (default .)" not in out, out
+        if command == "compare":
+            assert "Excel report" not in out and "HTML page" in out and "csv" in out
+            assert "(default ./compare_out)" in out
+
+
+def test_compare_takes_both_spellings_and_a_default_output(tmp_path, monkeypatch, capsys, caplog):
+    from probe.cli import main
+    dump = _fixture_dump()
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "--npu", dump, "--bench", dump, "--stack-mode", "--no-html"]) == 0
+    cap = capsys.readouterr()
+    written = cap.out.split()
+    assert written and all(os.path.dirname(os.path.abspath(p)) == str(tmp_path / "compare_out") for p in written)
+    assert f"wrote {len(written)} files to {tmp_path / 'compare_out'}" in cap.err and "default" in cap.err
+    out = tmp_path / "elsewhere"
+    assert main(["compare", "--npu", dump, "--bench", dump, "--output-path", str(out), "--stack_mode",
+                 "--no-html"]) == 0
+    assert all(os.path.dirname(p) == str(out) for p in capsys.readouterr().out.split())
+
+
+def test_compare_refuses_two_ways_of_naming_the_dumps(tmp_path, capsys):
+    from probe.cli import main
+    dump = _fixture_dump()
+    spec = tmp_path / "compare.json"
+    spec.write_text('{"npu_json_path": "%s", "bench_json_path": "%s"}' % (dump, dump))
+    assert main(["compare", "-i", str(spec), "--npu", dump, "--bench", dump, "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(spec) in err[0] and "--npu" in err[0] and "not both" in err[0], err
+    assert not (tmp_path / "o").exists()
+    assert main(["compare", "--npu", dump, "-o", str(tmp_path / "o")]) == 2
+    assert "--bench PATH is missing" in capsys.readouterr().err

@@ -3,16 +3,20 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+
+DEFAULT_OUTPUT = os.path.join(".", "compare_out")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("-i", "--input_path", help="compare.json with npu_json_path, bench_json_path "
+    parser.add_argument("-i", "--input_path", "--input-path", help="compare.json with npu_json_path, bench_json_path "
                         "(and stack_json_path); msprobe's npu_path/bench_path also accepted")
     parser.add_argument("--npu", help="NPU side: a dump.json, a rank dir or a dump root")
     parser.add_argument("--bench", help="bench side: a dump.json, a rank dir or a dump root")
-    parser.add_argument("-o", "--output_path", required=True, help="folder for the results")
-    parser.add_argument("-s", "--stack_mode", action="store_true", help="add NPU_Stack_Info")
-    parser.add_argument("-f", "--fuzzy_match", action="store_true",
+    parser.add_argument("-o", "--output_path", "--output-path", "--output", "--out", dest="output_path",
+                        default=None, help=f"folder for the results (default {DEFAULT_OUTPUT})")
+    parser.add_argument("-s", "--stack_mode", "--stack-mode", action="store_true", help="add NPU_Stack_Info")
+    parser.add_argument("-f", "--fuzzy_match", "--fuzzy-match", action="store_true",
                         help="ignore call counters, pair calls of each API by order")
     parser.add_argument("--align", choices=("auto", "on", "off"), default="auto",
                         help="align the two call sequences: when they differ (auto), always, "
@@ -43,6 +47,16 @@ def run(args) -> int:
 
 def _run(args) -> int:
     from .api import compare, compare_distributed
+    if args.input_path and (args.npu or args.bench):
+        given = " and ".join(f"--{k} {v}" for k, v in (("npu", args.npu), ("bench", args.bench)) if v)
+        raise ValueError(f"-i {args.input_path} and {given} both name the dumps: give -i compare.json, "
+                         "or --npu PATH and --bench PATH, not both")
+    if not args.input_path and bool(args.npu) != bool(args.bench):
+        missing = "--bench" if args.npu else "--npu"
+        raise ValueError(f"{missing} PATH is missing: give --npu PATH and --bench PATH, or -i compare.json")
+    defaulted = args.output_path is None
+    if defaulted:
+        args.output_path = DEFAULT_OUTPUT
     kw = {"stack_mode": args.stack_mode, "fuzzy_match": args.fuzzy_match,
           "align": {"auto": None, "on": True, "off": False}[getattr(args, "align", "auto")],
           "replay": getattr(args, "replay", None), "html": not getattr(args, "no_html", False)}
@@ -88,4 +102,6 @@ def _run(args) -> int:
         raise ValueError("give -i compare.json, or --npu PATH and --bench PATH")
     for p in paths:
         print(p)
+    print(f"probe compare: wrote {len(paths)} files to {os.path.abspath(args.output_path)}"
+          + (" (no -o given: the default folder)" if defaulted else ""), file=sys.stderr)
     return 0

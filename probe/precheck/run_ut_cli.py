@@ -9,7 +9,7 @@ def add_arguments(parser):
     parser.add_argument("-i", "--input", "--api_info", dest="input", required=True,
                         help="dump.json of a tensor (or statistics) dump, or its rank folder")
     add_output_option(parser, dest="out", default=".",
-                        help="folder for accuracy_checking_result/details_{ts}.csv (default .)")
+                        help="folder for accuracy_checking_result/details_{ts}.csv")
     add_device_option(parser, help="bench device")
     parser.add_argument("--white-list", "--white_list", nargs="+", default=None, metavar="API",
                         help="check only these APIs (linear, Functional.linear, Functional.linear.0)")
