@@ -10,7 +10,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 
-from probe.errors import ConfigError
+from probe.errors import ConfigError, unknown
 
 TASKS = ("statistics", "tensor", "overflow_check", "meta_check")
 # Sections msprobe configs may carry for tasks probe does not run: accepted, ignored.
@@ -101,7 +101,7 @@ def _check_list(source, key, value, allowed=None):
     if allowed is not None:
         bad = [v for v in value if v not in allowed]
         if bad:
-            _fail(source, key, f"unknown value {bad[0]!r}; allowed: {', '.join(allowed)}")
+            _fail(source, key, unknown("value", bad[0], allowed))
     return tuple(value)
 
 
@@ -116,6 +116,8 @@ def _check_dump_path(source, value):
         _fail(source, "dump_path", f"must be a non-empty string, got {value!r}")
     if not _PATH_RE.match(value):
         _fail(source, "dump_path", f"{value!r} has characters outside letters, digits, '_ . / -'")
+    if os.path.exists(value) and not os.path.isdir(value):
+        _fail(source, "dump_path", f"{value!r} is a file: a folder is needed")
     try:
         os.makedirs(value, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=value):
@@ -168,8 +170,22 @@ def read_json_config(config_path) -> dict:
     return raw
 
 
+def _check_wrap_ops_yaml(source, value, base):
+    """The registry's path: relative to ``base`` (the config file's folder; the working
+    directory for a keyword argument), so a project folder can move with its config."""
+    if not isinstance(value, str) or not value:
+        _fail(source, "wrap_ops_yaml", f"must be a path string, got {value!r}")
+    path = os.path.join(base, value) if base and not os.path.isabs(value) else value
+    if not os.path.isfile(path):
+        where = "" if path == value else f" (relative to {base}: {path})"
+        _fail(source, "wrap_ops_yaml", f"{value!r}{where} is not a file: give the path of a support_wrap_ops.yaml")
+    return path
+
+
 def load_config(config_path=None, **overrides):
-    """Build a DumpConfig from a config.json and keyword overrides (which win)."""
+    """Build a DumpConfig from a config.json and keyword overrides (which win). A relative
+    ``wrap_ops_yaml`` in the file is relative to the file's folder; ``dump_path`` stays
+    relative to the working directory (msprobe's meaning)."""
     source = config_path or "<arguments>"
     raw = {}
     if config_path is not None:
@@ -177,10 +193,10 @@ def load_config(config_path=None, **overrides):
     top = {k: v for k, v in raw.items() if k not in TASKS + OTHER_TASK_SECTIONS}
     for key in top:
         if key not in TOP_KEYS:
-            _fail(source, key, f"unknown key; allowed: {', '.join(TOP_KEYS + TASKS)}")
+            _fail(source, key, unknown("key", key, TOP_KEYS + TASKS))
     for key, value in overrides.items():
         if key not in TOP_KEYS:
-            raise ConfigError(f"PrecisionDebugger: unknown keyword argument {key!r}; allowed: {', '.join(TOP_KEYS)}")
+            raise ConfigError(f"PrecisionDebugger: {unknown('keyword argument', key, TOP_KEYS)}")
         if value is not None:
             top[key] = value
     keywords = {k for k, v in overrides.items() if v is not None}
@@ -189,10 +205,10 @@ def load_config(config_path=None, **overrides):
         return "PrecisionDebugger keyword argument" if key in keywords else source
     task = top.get("task", "statistics")
     if task not in TASKS:
-        _fail(src("task"), "task", f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
+        _fail(src("task"), "task", unknown("task", task, TASKS))
     level = top.get("level", "L1")
     if level not in LEVELS:
-        _fail(src("level"), "level", f"unknown level {level!r}; allowed: {', '.join(LEVELS)}")
+        _fail(src("level"), "level", unknown("level", level, LEVELS))
     cfg = {"task": task, "level": level, "source": source}
     cfg["dump_path"] = _check_dump_path(src("dump_path"), top.get("dump_path", "./dump_path"))
     if "rank" in top:
@@ -207,9 +223,9 @@ def load_config(config_path=None, **overrides):
         if key in top:
             cfg[key] = _check_bool(src(key), key, top[key])
     if top.get("wrap_ops_yaml") is not None:
-        if not isinstance(top["wrap_ops_yaml"], str):
-            _fail(src("wrap_ops_yaml"), "wrap_ops_yaml", "must be a path string")
-        cfg["wrap_ops_yaml"] = top["wrap_ops_yaml"]
+        in_file = config_path is not None and "wrap_ops_yaml" not in keywords
+        cfg["wrap_ops_yaml"] = _check_wrap_ops_yaml(src("wrap_ops_yaml"), top["wrap_ops_yaml"],
+                                                    os.path.dirname(os.path.abspath(config_path)) if in_file else None)
     if top.get("random_from") is not None:
         cfg["random_from"] = _check_random_from(src("random_from"), top["random_from"], cfg["dump_path"])
     if top.get("framework", "pytorch") != "pytorch":
@@ -222,7 +238,7 @@ def load_config(config_path=None, **overrides):
         _fail(source, task, "task section must be a JSON object")
     for key in section:
         if key not in SECTION_KEYS:
-            _fail(source, f"{task}.{key}", f"unknown key; allowed: {', '.join(SECTION_KEYS[:5])}")
+            _fail(source, f"{task}.{key}", unknown("key", key, SECTION_KEYS[:5]))
     if "scope" in section:
         scope = _check_list(source, f"{task}.scope", section["scope"])
         if len(scope) not in (0, 2):
@@ -235,8 +251,7 @@ def load_config(config_path=None, **overrides):
         cfg["data_mode"] = modes or ("all",)
     if "summary_mode" in section:
         if section["summary_mode"] not in SUMMARY_MODES:
-            _fail(source, f"{task}.summary_mode",
-                  f"unknown value {section['summary_mode']!r}; allowed: {', '.join(SUMMARY_MODES)}")
+            _fail(source, f"{task}.summary_mode", unknown("value", section["summary_mode"], SUMMARY_MODES))
         cfg["summary_mode"] = section["summary_mode"]
     if "overflow_nums" in section:
         n = section["overflow_nums"]
@@ -247,8 +262,7 @@ def load_config(config_path=None, **overrides):
         _fail(src("level"), "level", f"task overflow_check works at level L1, got {level!r}")
     if "file_format" in section:
         if section["file_format"] not in FILE_FORMATS:
-            _fail(source, f"{task}.file_format",
-                  f"unknown value {section['file_format']!r}; allowed: {', '.join(FILE_FORMATS)}")
+            _fail(source, f"{task}.file_format", unknown("value", section["file_format"], FILE_FORMATS))
         cfg["file_format"] = section["file_format"]
     return DumpConfig(**cfg)
 

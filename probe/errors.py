@@ -1,8 +1,22 @@
 """The one exception type users see for bad input: a one-line message naming the culprit."""
+import difflib
 
 
 class ConfigError(ValueError):
     """Bad configuration or input file. The message names the file, key or value and what is allowed."""
+
+
+def did_you_mean(value, allowed) -> str:
+    """`` did you mean 'dump_path'?`` for a misspelt ``value`` among ``allowed``, else ''."""
+    close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1, cutoff=0.6)
+    return f" did you mean {close[0]!r}?" if close else ""
+
+
+def unknown(what, value, allowed) -> str:
+    """The message for a value outside ``allowed``: ``unknown key 'dump_pth'; did you mean
+    'dump_path'? allowed: ...``."""
+    hint = did_you_mean(value, allowed)
+    return f"unknown {what} {value!r};{hint} allowed: {', '.join(map(str, allowed))}"
 
 
 class DrawMismatch(ConfigError):

@@ -1,7 +1,8 @@
 """``probe init [DIR]``: an editable config.json and support_wrap_ops.yaml for a project.
 
 Users edit these copies (delete a YAML line to stop dumping an API) instead of files
-inside site-packages; the config's ``wrap_ops_yaml`` points at the copy.
+inside site-packages; the config's ``wrap_ops_yaml`` points at the copy, relative to the
+config file (so the folder can be moved or checked in).
 """
 import json
 import os
@@ -39,7 +40,7 @@ def write_init_files(directory=".", force=False):
                 raise FileExistsError(f"{path} already exists (use --force to overwrite)")
     from probe.hook_module.registry import DEFAULT_YAML  # torch, only when writing
     shutil.copyfile(DEFAULT_YAML, yaml_path)
-    config = dict(EXAMPLE_CONFIG, wrap_ops_yaml=os.path.abspath(yaml_path))
+    config = dict(EXAMPLE_CONFIG, wrap_ops_yaml=os.path.basename(yaml_path))   # next to config.json
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
         f.write("\n")

@@ -90,6 +90,52 @@ def test_bad_task_section_value_is_refused(tmp_path, dump_dir, case, section, ke
     _refused(lambda: PrecisionDebugger(config_path=path), key)
 
 
+@pytest.mark.parametrize("where,typo,meant", [("top", "dump_pth", "dump_path"), ("top", "levle", "level"),
+                                              ("section", "scop", "scope"), ("section", "data_mod", "data_mode")])
+def test_misspelt_key_names_the_key_it_looks_like(tmp_path, dump_dir, where, typo, meant):
+    cfg = _base(dump_dir, **{typo: "x"}) if where == "top" else _base(dump_dir, statistics={typo: []})
+    path = _write(tmp_path, cfg)
+    msg = _refused(lambda: PrecisionDebugger(config_path=path), typo)
+    assert f"did you mean {meant!r}?" in msg and path in msg and "allowed:" in msg, msg
+    msg = _refused(lambda: PrecisionDebugger(config_path=_write(tmp_path, _base(dump_dir, task="tensr"))), "task")
+    assert "did you mean 'tensor'?" in msg
+    msg = _refused(lambda: PrecisionDebugger(dump_path=dump_dir, levl="L1"), "levl")
+    assert "did you mean 'level'?" in msg
+    # nothing close: no guess
+    assert "did you mean" not in _refused(lambda: PrecisionDebugger(dump_path=dump_dir, zzzz=1), "zzzz")
+
+
+def test_monitor_misspelt_key_names_the_key_it_looks_like(tmp_path):
+    from probe.monitor.options import load_options
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"monitor": {"activatons": True}}))
+    msg = _refused(lambda: load_options(str(path)), "activatons")
+    assert "did you mean 'activations'?" in msg and str(path) in msg
+    assert "did you mean 'tensorboard'?" in _refused(lambda: load_options(formats=["tensorbord"]), "tensorbord")
+
+
+def test_dump_path_that_is_a_file_says_so(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    msg = _refused(lambda: PrecisionDebugger(dump_path=str(blocker)), "dump_path")
+    assert msg.endswith(f"dump_path: {str(blocker)!r} is a file: a folder is needed"), msg
+    assert "File exists" not in msg
+
+
+def test_relative_wrap_ops_yaml_is_relative_to_the_config_file(tmp_path, dump_dir, monkeypatch):
+    from probe.config import load_config
+    from probe.hook_module.registry import DEFAULT_YAML
+    proj = tmp_path / "proj"
+    (proj / "ops").mkdir(parents=True)
+    (proj / "ops" / "mine.yaml").write_text(open(DEFAULT_YAML).read())
+    path = _write(proj, _base(dump_dir, wrap_ops_yaml="ops/mine.yaml"))
+    monkeypatch.chdir(tmp_path)           # not the config's folder
+    assert os.path.samefile(load_config(path).wrap_ops_yaml, proj / "ops" / "mine.yaml")
+    bad = _write(proj, _base(dump_dir, wrap_ops_yaml="ops/other.yaml"))
+    msg = _refused(lambda: load_config(bad), "wrap_ops_yaml")
+    assert "ops/other.yaml" in msg and str(proj / "ops" / "other.yaml") in msg and bad in msg, msg
+
+
 def test_unwritable_dump_path_is_refused(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")

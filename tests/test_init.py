@@ -36,7 +36,8 @@ def test_init_writes_config_and_yaml_that_drive_the_dump(tmp_path, monkeypatch, 
     config_path, yaml_path = target / "config.json", target / "support_wrap_ops.yaml"
     assert set(capsys.readouterr().out.split()) == {str(config_path), str(yaml_path)}
     config = json.loads(config_path.read_text())
-    assert os.path.samefile(config["wrap_ops_yaml"], yaml_path)
+    assert config["wrap_ops_yaml"] == "support_wrap_ops.yaml"          # relative to config.json
+    assert os.path.samefile(target / config["wrap_ops_yaml"], yaml_path)
 
     monkeypatch.chdir(tmp_path)  # the example config dumps to ./dump_path
     x = torch.randn(4)
@@ -54,6 +55,28 @@ def test_init_writes_config_and_yaml_that_drive_the_dump(tmp_path, monkeypatch, 
     assert dump() == ["Functional.gelu.0.forward", "Functional.relu.0.forward"]
     _delete_line(yaml_path, "functional", "gelu")
     assert dump() == ["Functional.relu.0.forward"]
+
+
+def test_init_folder_can_move_with_its_config(tmp_path, monkeypatch, capsys):
+    """config.json names its registry relative to itself: the moved folder's own copy is
+    used, from any working directory."""
+    assert main(["init", str(tmp_path / "proj")]) == 0
+    moved = tmp_path / "elsewhere" / "proj"
+    moved.parent.mkdir()
+    os.rename(tmp_path / "proj", moved)
+    _delete_line(moved / "support_wrap_ops.yaml", "functional", "gelu")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    x = torch.randn(4)
+    dbg = PrecisionDebugger(config_path=str(moved / "config.json"))
+    dbg.start()
+    F.gelu(x)
+    F.relu(x)
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    assert list(load_dump(work / "dump_path")) == ["Functional.relu.0.forward"]
 
 
 def test_init_refuses_to_overwrite_without_force(tmp_path, capsys):

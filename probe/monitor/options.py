@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from probe.config import read_json_config
-from probe.errors import ConfigError
+from probe.errors import ConfigError, unknown
 
 FORMATS = ("csv", "alerts", "tensorboard")
 DUMP_LEVELS = ("L1", "mix")
@@ -82,7 +82,7 @@ def _number(source, key, value, low, strict=True):
 
 def _choice(source, key, value, allowed):
     if not any(type(value) is type(a) and value == a for a in allowed):
-        _fail(source, key, f"unknown value {value!r}; allowed: {', '.join(map(str, allowed))}")
+        _fail(source, key, unknown("value", value, allowed))
     return value
 
 
@@ -93,7 +93,7 @@ def _strings(source, key, value, allowed=None):
         _fail(source, key, f"must be a list of strings, got {value!r}")
     for v in value:
         if allowed is not None and v not in allowed:
-            _fail(source, key, f"unknown value {v!r}; allowed: {', '.join(allowed)}")
+            _fail(source, key, unknown("value", v, allowed))
         if allowed is None and v.startswith("regex(") and v.endswith(")"):
             try:
                 re.compile(v[6:-1])
@@ -115,12 +115,12 @@ def load_options(config_path=None, **kwargs):
     raw = dict(_read_section(config_path)) if config_path is not None else {}
     for key, value in kwargs.items():
         if key not in KEYS:
-            raise ConfigError(f"Monitor: unknown keyword argument {key!r}; allowed: {', '.join(KEYS)}")
+            raise ConfigError(f"Monitor: {unknown('keyword argument', key, KEYS)}")
         if value is not None:
             raw[key] = value
     for key in raw:
         if key not in KEYS:
-            _fail(source, f"monitor.{key}", f"unknown key; allowed: {', '.join(KEYS)}")
+            _fail(source, f"monitor.{key}", unknown("key", key, KEYS))
     cfg = {"source": source}
     for key in ("activations", "activation_inputs", "weights", "gradients", "optimizer", "update_ratio",
                 "dump_on_alert"):
