@@ -32,11 +32,12 @@ from overhead import train_step  # noqa: E402
 
 from probe import Monitor  # noqa: E402
 
+_CSV = ["csv", "alerts"]   # TensorBoard is the default where installed: timed on its own (--tensorboard)
 CONFIGS = [
-    ("weights+grads+optimizer, every step", dict(activations=False), 1.05),
-    ("+ update ratio, every step", dict(activations=False, update_ratio=True), None),
-    ("+ activations, every step", dict(activations=True), 1.15),
-    ("all, every 10 steps", dict(activations=True, update_ratio=True, interval=10), 1.02),
+    ("weights+grads+optimizer, every step", dict(activations=False, formats=_CSV), 1.05),
+    ("+ update ratio, every step", dict(activations=False, update_ratio=True, formats=_CSV), None),
+    ("+ activations, every step", dict(activations=True, formats=_CSV), 1.15),
+    ("all, every 10 steps", dict(activations=True, update_ratio=True, interval=10, formats=_CSV), 1.02),
 ]
 
 

@@ -194,6 +194,27 @@ def test_tensorboard_event_files_read_back(tmp_path):
     assert [e.value for e in events] == pytest.approx([float(r["weight_norm"]) for r in rows], rel=1e-6)
 
 
+def test_tensorboard_is_written_by_default_said_once_and_can_be_turned_off(tmp_path, caplog):
+    """As msprobe's monitor: TensorBoard event files without asking, where tensorboard is
+    installed; the log says once where; a formats list without it turns it off."""
+    pytest.importorskip("tensorboard")
+    model, opt, batches = make_gpt2()
+    with caplog.at_level(logging.INFO, logger="probe.monitor"):
+        with Monitor(output_dir=str(tmp_path / "on")) as mon:
+            mon.set_monitor(model, optimizer=opt)
+            train(model, opt, batches, 3)
+    log_dir = tmp_path / "on" / "tensorboard" / "rank0"
+    assert "tensorboard" in mon.options.formats
+    assert [f for f in os.listdir(log_dir) if f.startswith("events.out.tfevents")]
+    said = [r.getMessage() for r in caplog.records if "TensorBoard event files" in r.getMessage()]
+    assert len(said) == 1 and str(log_dir) in said[0], said
+    assert (tmp_path / "on" / "metrics_rank0.csv").exists()          # csv and alerts as before
+    with Monitor(output_dir=str(tmp_path / "off"), formats=["csv", "alerts"]) as mon:
+        mon.set_monitor(model, optimizer=opt)
+        train(model, opt, batches, 2)
+    assert not (tmp_path / "off" / "tensorboard").exists() and (tmp_path / "off" / "metrics_rank0.csv").exists()
+
+
 def test_monitoring_leaves_training_bitwise_identical(tmp_path):
     def run(monitored):
         model, opt, batches = make_gpt2()
@@ -305,7 +326,7 @@ def test_config_file_section_and_module_filter(tmp_path):
     assert not os.path.exists(tmp_path / "out" / "alerts.jsonl")
 
 
-def test_missing_tensorboard_is_one_clear_error_only_when_asked(tmp_path, monkeypatch):
+def test_missing_tensorboard_is_one_clear_error_only_when_asked(tmp_path, monkeypatch, caplog):
     import sys
     for name in [n for n in sys.modules if n.startswith(("tensorboard", "torch.utils.tensorboard"))] + \
             ["tensorboard", "torch.utils.tensorboard"]:
@@ -317,6 +338,13 @@ def test_missing_tensorboard_is_one_clear_error_only_when_asked(tmp_path, monkey
         mon.set_monitor(model, optimizer=opt)
         train(model, opt, batches, 2)
     assert len({r["step"] for r in read_csv(tmp_path / "metrics_rank0.csv")}) == 2
+    # by default: no TensorBoard, no error, said in the log
+    with caplog.at_level(logging.INFO, logger="probe.monitor"):
+        with Monitor(output_dir=str(tmp_path / "default")) as mon:
+            mon.set_monitor(model, optimizer=opt)
+            train(model, opt, batches, 2)
+    assert mon.options.formats == ("csv", "alerts") and not (tmp_path / "default" / "tensorboard").exists()
+    assert [r for r in caplog.records if "tensorboard is not installed" in r.getMessage()]
 
 
 def test_a_monitor_failure_never_stops_training(tmp_path, caplog):

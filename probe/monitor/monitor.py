@@ -11,6 +11,7 @@ Each logged step flows one way: hooks -> ``StepStats`` -> anomaly detector -> al
 outputs (CSV, TensorBoard, alerts.jsonl) -> optionally an armed dump of the next step.
 A failure anywhere in here is logged once and training goes on.
 """
+import dataclasses
 import logging
 
 import torch
@@ -20,7 +21,7 @@ from probe.monitor.anomaly import AnomalyDetector
 from probe.monitor.dump_on_alert import DumpArm, check_dump_options
 from probe.monitor.hooks import TRAIN, Collector, Once, unwrap_optimizer
 from probe.monitor.options import load_options
-from probe.monitor.outputs import open_outputs, require_tensorboard
+from probe.monitor.outputs import default_formats, open_outputs, require_tensorboard
 from probe.monitor.records import StepStats
 
 log = logging.getLogger(__name__)
@@ -31,12 +32,15 @@ class Monitor:
 
     ``config_path``: a JSON file with a ``"monitor"`` section; keyword options (see
     ``probe.monitor.options.MonitorOptions``) override it. Bad values raise ``ConfigError``
-    here, as does ``formats`` naming tensorboard when it is not installed.
+    here, as does ``formats`` naming tensorboard when it is not installed. Without
+    ``formats``, TensorBoard files are written where tensorboard is installed.
     """
 
     def __init__(self, config_path=None, output_dir=None, **options):
         self.options = load_options(config_path, output_dir=output_dir, **options)
-        if "tensorboard" in self.options.formats:
+        if self.options.formats is None:
+            self.options = dataclasses.replace(self.options, formats=default_formats())
+        elif "tensorboard" in self.options.formats:
             require_tensorboard()
         if self.options.dump_on_alert:
             check_dump_options(self.options)

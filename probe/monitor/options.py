@@ -29,7 +29,7 @@ class MonitorOptions:
     grad_pre_reduction: object = "auto"   # "auto": when torch.distributed has more than one rank
     interval: int = 1                # log every `interval` steps (step % interval == 0)
     modules: tuple = ()              # names, substrings or "regex(...)"; empty: all
-    formats: tuple = ("csv", "alerts")
+    formats: tuple = None            # None: csv, alerts and, where tensorboard imports, tensorboard
     alert_window: int = 20           # recent values a spike is judged against
     alert_threshold: float = 10.0    # |x - median| > threshold * scale is a spike
     alert_warmup: int = 10           # values a series needs before spikes are judged

@@ -4,20 +4,25 @@
   flushed after each logged step, so a crash leaves a valid file up to the last step.
 - ``{output_dir}/tensorboard/rank{R}/``: a scalar per (step, name, metric), tag
   ``{name}/{metric}``, through the ``tensorboard`` package's writer (``pip install
-  probe[monitor]``); alerts add ``alerts/count``.
+  probe[monitor]``); alerts add ``alerts/count``. Written by default where tensorboard
+  imports (as msprobe's monitor does); ``formats`` without it turns it off.
 - ``{output_dir}/alerts.jsonl``: one JSON object per alert; all ranks append to the same
   file, each line with a single ``write`` on an ``O_APPEND`` descriptor (lines of
   different ranks never interleave).
 """
 import csv
 import json
+import logging
 import os
 
 from probe.compare.xlsx.cells import csv_field, csv_numbers
 from probe.errors import ConfigError
 from probe.monitor.summaries import ACT_METRICS
 
+log = logging.getLogger(__name__)
+
 SCALAR_METRICS = ("loss", "loss_scale", "learning_rate")
+DEFAULT_FORMATS = ("csv", "alerts")     # and tensorboard, where it imports: default_formats()
 
 
 def csv_columns(options):
@@ -47,6 +52,18 @@ def require_tensorboard():
         raise ConfigError("formats: 'tensorboard' needs the tensorboard package: pip install probe[monitor] "
                           "(or pip install tensorboard)") from None
     return FileWriter, Summary
+
+
+def default_formats():
+    """The formats of a monitor given none: csv and alerts, and tensorboard where the
+    package imports (said once in the log either way)."""
+    try:
+        require_tensorboard()
+    except ConfigError:
+        log.info("probe monitor: no TensorBoard files: tensorboard is not installed "
+                 "(pip install probe[monitor]); writing csv and alerts")
+        return DEFAULT_FORMATS
+    return DEFAULT_FORMATS + ("tensorboard",)
 
 
 class CsvOutput:
@@ -143,7 +160,10 @@ def open_outputs(options, rank):
         if fmt == "csv":
             outputs.append(CsvOutput(os.path.join(out_dir, f"metrics_rank{rank}.csv"), csv_columns(options)))
         elif fmt == "tensorboard":
-            outputs.append(TensorBoardOutput(os.path.join(out_dir, "tensorboard", f"rank{rank}")))
+            log_dir = os.path.join(out_dir, "tensorboard", f"rank{rank}")
+            outputs.append(TensorBoardOutput(log_dir))
+            log.info("probe monitor: TensorBoard event files in %s (tensorboard --logdir %s); "
+                     "formats without 'tensorboard' turns them off", log_dir, os.path.dirname(log_dir))
         elif fmt == "alerts":
             outputs.append(AlertOutput(os.path.join(out_dir, "alerts.jsonl")))
     return outputs
