@@ -60,7 +60,7 @@ def replay_all(rank_dir):
     checked, bad, skipped = [], Counter(), Counter()
     for name, entry in read_dump(path, DumpMeta(path)):
         api = parse_name(name)
-        if api is None or api.phase != "forward":
+        if api is None or api.direction != "forward":
             continue
         if api.random or api.leaf in ("dropout", "empty_like", "new_empty"):
             skipped["random or uninitialised"] += 1

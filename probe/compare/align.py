@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from .rows import Row
 from probe.python_compat import SLOTS
+from probe.vocabulary import direction, entry_key, parse_entry_name
 
 INDEL = 1.0                 # cost of leaving one call unpaired
 NO_PAIR = math.inf          # different APIs never pair one-to-one
@@ -58,20 +59,18 @@ class Call:
 
 def call_key(entry: str) -> str:
     """The entry name without its call counter (shared with fuzzy matching)."""
-    from .match import entry_key
     return entry_key(entry)
 
 
-def _base(key: str) -> str:
-    """``Tensor.__add__.forward`` -> ``add``; a module's key -> its class name."""
-    parts = key.split(".")
-    name = parts[-2] if len(parts) >= 2 else key
+def _base(entry: str) -> str:
+    """``Tensor.__add__.0.forward`` -> ``add``; a module's entry -> its class name."""
+    n = parse_entry_name(entry)
+    if n is None:
+        parts = entry.split(".")
+        name = parts[-2] if len(parts) >= 2 else entry
+    else:
+        name = n.leaf
     return name.strip("_") or name
-
-
-def _direction(key: str) -> str:
-    last = key.rsplit(".", 1)[-1]
-    return last if last in ("forward", "backward", "parameters_grad") else ""
 
 
 def build_calls(rows: list[Row], modules: dict | None = None) -> list[Call]:
@@ -96,7 +95,7 @@ def build_calls(rows: list[Row], modules: dict | None = None) -> list[Call]:
                 st.extend(r.stats)
             j += 1
         key = call_key(entry)
-        calls.append(Call(entry, key, _base(key), _direction(key), i, j, tuple(ins), tuple(outs),
+        calls.append(Call(entry, key, _base(entry), direction(entry), i, j, tuple(ins), tuple(outs),
                           tuple(dts), tuple(st), modules.get(entry)))
         i = j
     return calls

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from .causality import collective_op
 from .layout import find_dumps, rank_number, step_number
 from .reader import read_dump
+from probe.vocabulary import MEAN, NORM, STAT_KEYS
 
 IDENTICAL_ON_ALL_RANKS = {"all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
                           "_all_gather_base"}
-_STATS = ("Max", "Min", "Mean", "Norm")
 
 
 @dataclass
@@ -122,12 +122,12 @@ def _off_sum(calls: dict) -> list | None:
     bad = []
     for r, (_, _, res, _) in calls.items():
         for j, t in enumerate(res):
-            want = sum(_num(c[3][j].get("Mean")) for c in calls.values())
+            want = sum(_num(c[3][j].get(MEAN)) for c in calls.values())
             numel = 1
             for d in t.get("shape") or []:
                 numel *= d
-            rms = _num(t.get("Norm")) / max(numel, 1) ** 0.5
-            dev = abs(_num(t.get("Mean")) - want) / max(rms, 1e-30)
+            rms = _num(t.get(NORM)) / max(numel, 1) ** 0.5
+            dev = abs(_num(t.get(MEAN)) - want) / max(rms, 1e-30)
             if not math.isfinite(dev):
                 return None
             if dev > _MEAN_TOL.get(t.get("dtype"), 1e-5):
@@ -139,7 +139,7 @@ def _off_sum(calls: dict) -> list | None:
 def _signature(results: list, use_md5: bool) -> tuple:
     if use_md5:
         return tuple(t.get("md5") for t in results)
-    return tuple(tuple(_num(t.get(k)) for k in _STATS) for t in results)
+    return tuple(tuple(_num(t.get(k)) for k in STAT_KEYS) for t in results)
 
 
 def _num(x):

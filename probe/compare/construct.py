@@ -8,19 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 
-_MODULE = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?:forward|backward|parameters_grad)(?:\.\d+)?$")
-
-
-def module_label(module_entry: str | None) -> str | None:
-    """``Module.blocks.0.fc1.Linear.forward.0`` -> ``blocks.0.fc1 (Linear)``."""
-    if not module_entry:
-        return None
-    m = _MODULE.match(module_entry)
-    if not m:
-        return module_entry
-    return f"{m.group('path')} ({m.group('cls')})"
+from probe.vocabulary import MODULE, module_label
 
 
 def load_modules(dump_json: str) -> dict:
@@ -35,7 +24,7 @@ def load_modules(dump_json: str) -> dict:
         return {}
     out = {}
     for entry, parent in data.items():
-        if isinstance(entry, str) and entry.startswith("Module."):
+        if isinstance(entry, str) and entry.startswith(MODULE + "."):
             out[entry] = module_label(entry)          # a module's own path
         elif isinstance(parent, str):
             out[entry] = module_label(parent)

@@ -458,7 +458,7 @@ def _mark(calls):
         api = parse_name(u.name)
         if api is not None:
             u.exact_api = api.exact if u.direction == "forward" else api.exact_backward
-            u.api_key = f"{api.qualified}.{api.phase}"
+            u.api_key = api.key
             u.normalizes = api.leaf in NORMALIZING
 
 
@@ -524,7 +524,7 @@ def _extremes_check(result, u) -> bool | None:
     else), None when that cannot be checked (not a monotone elementwise call)."""
     from probe.precheck.entries import parse_name
     api = parse_name(u.name) if u.npu_entry else None
-    if api is None or api.phase != "forward" or api.leaf not in MONOTONE:
+    if api is None or api.direction != "forward" or api.leaf not in MONOTONE:
         return None
     rows = [result.pairs[i].npu for i in u.rows if result.pairs[i].npu is not None]
     ins = [r for r in rows if r.io == "input" and r.kind == "tensor"]

@@ -82,9 +82,9 @@ def draw_kind(api, rows) -> str | None:
         if not training or (isinstance(p, (int, float)) and p == 0):
             return None
         return "dropout" if leaf in DROPOUTS else "draw"
-    if api.phase == "forward" and leaf in _UNIFORM:
+    if api.direction == "forward" and leaf in _UNIFORM:
         return "uniform"
-    if api.phase == "forward" and leaf in _NORMAL:
+    if api.direction == "forward" and leaf in _NORMAL:
         return "normal"
     return "draw"
 

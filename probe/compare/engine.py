@@ -22,28 +22,7 @@ from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_met
 from .reader import DumpMeta, gc_paused, read_dump
 from .rows import Row, direction, flatten
 from .tensors import load, resolve
-
-BASE = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape",
-        "Bench Tensor Shape", "NPU Requires_grad", "Bench Requires_grad"]
-STATS = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min",
-         "Bench mean", "Bench l2norm"]
-TENSOR_METRICS = ["Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr",
-                  "One Thousandth Err Ratio", "Five Thousandths Err Ratio"]
-STAT_DIFFS = ["Max diff", "Min diff", "Mean diff", "L2norm diff",
-              "MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr"]
-TAIL = ["Requires_grad Consistent", "Result", "Err_message"]
-EXTRAS = ["Direction", "Tolerance Dtype", "Err/Tolerance", "Match"]
-PERCENT_COLUMNS = {"MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr"}
-
-
-def columns_for(mode: str, stack_mode: bool) -> list[str]:
-    """msprobe's columns for the mode, then ours."""
-    stack = ["NPU_Stack_Info"] if stack_mode else []
-    if mode == "tensor":
-        return BASE + TENSOR_METRICS + STATS + TAIL + stack + ["Data_name"] + EXTRAS
-    if mode == "md5":
-        return BASE + ["NPU MD5", "BENCH MD5"] + TAIL + stack + EXTRAS
-    return BASE + STAT_DIFFS + STATS + TAIL + stack + EXTRAS
+from probe.vocabulary import PERCENT_COLUMNS, STAT_DIFFS, TENSOR_METRICS, columns_for  # noqa: F401  (the column lists)
 
 
 @dataclass

@@ -14,10 +14,7 @@ import glob
 import math
 import os
 
-from .engine import BASE, STAT_DIFFS, STATS, TENSOR_METRICS
-
-NUMBERS = TENSOR_METRICS + STAT_DIFFS + STATS + ["Err/Tolerance"]
-BOOLEANS = ["NPU Requires_grad", "Bench Requires_grad", "Requires_grad Consistent"]
+from probe.vocabulary import BASE_COLUMNS, BOOLEAN_COLUMNS, MD5_COLUMNS, NUMBER_COLUMNS
 CATEGORIES = ["Result", "Direction", "Tolerance Dtype", "Match"]
 
 
@@ -43,12 +40,12 @@ def read_results(path: str):
         raise ValueError(f"{path}: not a compare_result_*.csv file")
     df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
     for col in df.columns:
-        if col in NUMBERS:   # Python's float(): correctly rounded for any spelling ("0.0000109...")
+        if col in NUMBER_COLUMNS:   # Python's float(): correctly rounded for any spelling ("0.0000109...")
             df[col] = df[col].map(_number, na_action="ignore").astype("float64")
-        elif col in BOOLEANS:
+        elif col in BOOLEAN_COLUMNS:
             df[col] = df[col].map({"True": True, "False": False}).astype("boolean")
         elif col in CATEGORIES:
             df[col] = df[col].astype("category")
-        elif col in BASE or col in ("Err_message", "NPU_Stack_Info", "Data_name", "NPU MD5", "BENCH MD5"):
+        elif col in BASE_COLUMNS or col in MD5_COLUMNS or col in ("Err_message", "NPU_Stack_Info", "Data_name"):
             df[col] = df[col].astype("string")
     return df

@@ -220,7 +220,7 @@ class Replays:
             kwargs = self.loader.build(fwd.get("input_kwargs", {}), api.base + ".forward")
             out_descs = flat_outputs(fwd.get("output") or [])
             out_dtypes = [torch_dtype(d["dtype"]) if is_tensor_desc(d) else None for d in out_descs]
-            if api.phase == "forward":
+            if api.direction == "forward":
                 dumped = [self.loader.dumped(d) for d in out_descs]
             else:
                 bwd = self.entries.get(entry)
@@ -238,7 +238,7 @@ class Replays:
             return None                     # inputs without files: nothing exact to replay
         if api.inplace:
             func = _returning_self(func)
-        if api.phase == "forward":
+        if api.direction == "forward":
             replay, gold = self.replayer.forward(func, args, kwargs, out_dtypes, api, golden=True)
         else:
             wants = [d is not None for d in dumped]
@@ -247,7 +247,7 @@ class Replays:
         if gold is None or gold.error or not gold.outputs:
             return None
         replayed = replay.outputs if replay is not None and not replay.error else None
-        sums = api.phase == "forward" and api.leaf in SUMS
+        sums = api.direction == "forward" and api.leaf in SUMS
         magnitudes = self._golden_of_magnitudes(func, args, kwargs, api) if sums else None
 
         def conditioning(k):

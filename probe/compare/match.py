@@ -13,17 +13,13 @@ rows are placed right after the NPU row that precedes them in bench order.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from itertools import repeat
 
+from .align import align_calls, build_calls, rows_from_ops
 from .rows import Row
 from probe.python_compat import SLOTS
-
-# Functional.linear.3.forward -> counter "3"; Module.a.Linear.forward.0 -> "0";
-# Module.a.Linear.parameters_grad[.0]
-_API = re.compile(r"^(?P<api>.+?)\.(?P<n>\d+)\.(?P<dir>forward|backward)$")
-_MODULE = re.compile(r"^(?P<api>Module\..+?)\.(?P<dir>forward|backward|parameters_grad)(?:\.(?P<n>\d+))?$")
+from probe.vocabulary import entry_key
 
 
 @dataclass(**SLOTS)
@@ -31,14 +27,6 @@ class Pair:
     npu: Row | None
     bench: Row | None
     align: str = ""          # how the pair was made: exact / fuzzy / anchor / aligned / group .. / unmatched
-
-
-def entry_key(entry: str) -> str:
-    """The entry name with its call counter removed (``Functional.linear.forward``)."""
-    m = _MODULE.match(entry) or _API.match(entry)
-    if not m:
-        return entry
-    return f"{m.group('api')}.{m.group('dir')}"
 
 
 def _fuzzy_keys(rows: list[Row]) -> list[tuple]:
@@ -106,7 +94,6 @@ def pair_rows(npu_rows: list[Row], bench_rows: list[Row], fuzzy: bool = False,
         return match(npu_rows, bench_rows, fuzzy=True), "fuzzy"
     if align is False:
         return match(npu_rows, bench_rows), "exact"
-    from .align import align_calls, build_calls, rows_from_ops
     if align is None and len(npu_rows) == len(bench_rows) and all(
             a.name == b.name for a, b in zip(npu_rows, bench_rows)):
         if len({r.name for r in npu_rows}) == len(npu_rows):    # unique names: k-th with k-th

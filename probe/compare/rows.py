@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from probe.python_compat import SLOTS
+from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS_GRAD, STAT_KEYS, parse_entry_name
+from probe.vocabulary import direction  # noqa: F401  (engine reads it from here)
 
-_IO_KEYS = (("input_args", "input"), ("input_kwargs", "input"), ("input", "input"),
-            ("parameters", "parameters"), ("output", "output"))
-_ORDER = {"input": 0, "parameters": 1, "output": 2, "parameters_grad": 3}
+_ORDER = {io: k for k, io in enumerate(IO_PARTS)}
 _NAN = float("nan")
 
 
@@ -26,7 +26,7 @@ class Row:
     kind: str               # tensor / value / none
     dtype: str | None = None
     shape: tuple | None = None
-    stats: tuple = (_NAN, _NAN, _NAN, _NAN)   # Max, Min, Mean, Norm
+    stats: tuple = (_NAN,) * len(STAT_KEYS)   # vocabulary.STAT_KEYS: Max, Min, Mean, Norm
     requires_grad: bool | None = None
     md5: str | None = None
     data_name: str | None = None
@@ -55,10 +55,7 @@ def _leaf(name, entry, io, data) -> Row:
     kind_type = data.get("type")
     get = data.get
     if kind_type in _TENSOR_TYPES or "dtype" in data and "shape" in data:
-        mx, mn, mean, norm = get("Max"), get("Min"), get("Mean"), get("Norm")
-        stats = (mx if type(mx) is float else _num(mx), mn if type(mn) is float else _num(mn),
-                 mean if type(mean) is float else _num(mean),
-                 norm if type(norm) is float else _num(norm))
+        stats = tuple([v if type(v) is float else _num(v) for v in map(get, STAT_KEYS)])
         dtype = get("dtype")
         dtype = _dtypes.setdefault(dtype, dtype) if type(dtype) is str else str(dtype)
         shape = tuple(get("shape") or ())
@@ -74,7 +71,7 @@ def _leaf(name, entry, io, data) -> Row:
     else:
         dtype = str(kind_type)
     v = _num(value)
-    return Row(name, entry, io, "value", dtype, (), (v, v, v, v), None, None, None, value)
+    return Row(name, entry, io, "value", dtype, (), (v,) * len(STAT_KEYS), None, None, None, value)
 
 
 def _walk(name, entry, io, data, out, index_lists=True):
@@ -100,29 +97,15 @@ def flatten(entry_name: str, entry) -> list[Row]:
     out: list[Row] = []
     if not isinstance(entry, dict):
         return out
-    if "parameters_grad" in entry_name:
-        parts = entry_name.split(".")
-        if parts[-1] == "parameters_grad" or (len(parts) > 1 and parts[-2] == "parameters_grad"):
+    if PARAMETERS_GRAD in entry_name:
+        parsed = parse_entry_name(entry_name)
+        if parsed is not None and parsed.direction == PARAMETERS_GRAD and not parsed.io:
             for key, item in entry.items():
-                _walk(f"{entry_name}.{key}", entry_name, "parameters_grad", item, out, index_lists=False)
+                _walk(f"{entry_name}.{key}", entry_name, PARAMETERS_GRAD, item, out, index_lists=False)
             return out
-    for key, io in _IO_KEYS:
+    for key, io in ENTRY_KEYS:
         if key in entry:
             _walk(f"{entry_name}.{io}", entry_name, io, entry[key], out)
     if "parameters" in entry and any(r.io == "parameters" for r in out):
         out.sort(key=lambda r: _ORDER[r.io])   # stable: keeps order within each group
     return out
-
-
-_DIRECTIONS = ("forward", "backward", "parameters_grad")
-
-
-def direction(entry_name: str) -> str:
-    """forward / backward / parameters_grad / '' from an entry name."""
-    last = entry_name.rpartition(".")[2]
-    if last in _DIRECTIONS:                  # the usual place: Functional.linear.0.forward
-        return last
-    for part in reversed(entry_name.split(".")):
-        if part in ("forward", "backward", "parameters_grad"):
-            return part
-    return ""

@@ -12,12 +12,9 @@ from collections import Counter
 from .diagnosis import N_STATE
 from .engine import load_stacks
 from .layout import step_of
+from probe.vocabulary import SUMMARY_METRICS, forward_of
 
 SCHEMA = "probe.compare_summary/1"
-_TENSOR_KEYS = ["Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
-                "Five Thousandths Err Ratio", "Err/Tolerance"]
-_STAT_KEYS = ["Max diff", "Min diff", "Mean diff", "L2norm diff", "MaxRelativeErr", "MinRelativeErr",
-              "MeanRelativeErr", "NormRelativeErr", "Err/Tolerance"]
 
 
 def _num(x):
@@ -43,8 +40,9 @@ class StackLookup:
         if not entry:
             return None
         s = self.stacks.get(entry)
-        if s is None and entry.endswith(".backward"):
-            s = self.stacks.get(entry[: -len("backward")] + "forward")
+        if s is None:
+            forward = forward_of(entry)
+            s = self.stacks.get(forward) if forward else None
         return s
 
 
@@ -67,7 +65,7 @@ def call_record(result, u, stack) -> dict:
                         "scale_spread": _num(le.bias_spread)}
     if u.worst_row is not None:
         i = u.worst_row
-        keys = _TENSOR_KEYS if result.mode == "tensor" else _STAT_KEYS
+        keys = SUMMARY_METRICS["tensor" if result.mode == "tensor" else "statistics"]
         rec["worst_output"] = {
             "npu_row": cols["NPU Name"][i], "bench_row": cols["Bench Name"][i],
             "result": cols["Result"][i], "err_message": cols["Err_message"][i],

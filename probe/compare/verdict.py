@@ -12,6 +12,7 @@ import functools
 import math
 
 from probe.tolerances import TOLERANCES, Tolerance  # noqa: F401  (the one table; re-exported)
+from probe.vocabulary import PASS, RESULTS
 
 ERROR_FACTOR = 10.0     # beyond 10x the tolerance is an error, between 1x and 10x a warning
 # Tensors: a few isolated elements far off are normal where an op is discontinuous (relu's
@@ -51,15 +52,15 @@ def comparable(npu_dtype: str | None, bench_dtype: str | None) -> bool:
 class Verdict:
     """Collects failed criteria for one row; the worst level wins."""
     __slots__ = ("level", "messages")
-    _ORDER = {"pass": 0, "warning": 1, "error": 2}
+    _ORDER = {level: k for k, level in enumerate(RESULTS)}     # pass < warning < error
 
     def __init__(self):
-        self.level, self.messages = "pass", []
+        self.level, self.messages = PASS, []
 
     def add(self, level: str, message: str):
         if self._ORDER[level] > self._ORDER[self.level]:
             self.level = level
-        self.messages.append(f"{level}: {message}" if level != "pass" else message)
+        self.messages.append(f"{level}: {message}" if level != PASS else message)
 
     def text(self) -> str:
         return "; ".join(self.messages)

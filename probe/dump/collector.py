@@ -18,6 +18,7 @@ from probe.dump.records import ForwardEntry
 from probe.hook_module import grad_capture
 from probe.hook_module.own_work import no_function_mode
 from probe.hook_module.sections import in_place
+from probe.vocabulary import scope_key
 
 
 class CallFilter:
@@ -75,14 +76,6 @@ class CallFilter:
     def module_exit(self, base):
         if self.scope_state == 3 and base == self.scope[1]:
             self.scope_state = 2
-
-
-_DIRECTION = re.compile(r"\.(?:forward|backward)(?=(?:\.\d+)?$)")
-
-
-def scope_key(entry_name):
-    """Entry name without its direction: ``Functional.linear.0``, ``Module.a.Linear.0``."""
-    return _DIRECTION.sub("", entry_name, count=1)
 
 
 class _Call:

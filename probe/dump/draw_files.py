@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import struct
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
@@ -40,6 +39,7 @@ import numpy as np
 import torch
 
 from probe.errors import ConfigError
+from probe.vocabulary import FORWARD, api_name
 
 FORMAT = "probe.draws/1"
 FILE = "draws.safetensors"
@@ -48,7 +48,12 @@ VALUES = "values"
 KINDS = (MASK, VALUES)
 _MAX_HEADER = 100 << 20    # safetensors' own limit
 
-_ENTRY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*\.[0-9]+\.forward$")
+
+def _draw_entry(entry) -> bool:
+    """Whether ``entry`` may name a draw: an API call's forward entry, in plain ASCII."""
+    n = api_name(entry) if isinstance(entry, str) else None
+    return n is not None and n.direction == FORWARD and entry.isascii() and entry[0].isalpha() \
+        and entry.replace(".", "").replace("_", "").isalnum()
 
 
 @dataclass(frozen=True)
@@ -145,7 +150,7 @@ def encode_step(draws: Dict[str, Tuple[DrawRecord, np.ndarray]]) -> list:
     header, then each draw's bytes (numpy arrays, written as they are)."""
     raws = []
     for entry, (_, arr) in draws.items():
-        if not _ENTRY_RE.match(entry):
+        if not _draw_entry(entry):
             raise ValueError(f"draws: bad entry name {entry!r}")
         raws.append(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))   # an object array cannot be viewed so
     key = tuple((entry, rec, raw.size) for (entry, (rec, _)), raw in zip(draws.items(), raws))
@@ -233,7 +238,7 @@ class StepDraws:
         return ConfigError(f"random_from: {self.path}: {what}")
 
     def _record(self, entry, text) -> DrawRecord:
-        if not isinstance(entry, str) or not _ENTRY_RE.match(entry):
+        if not _draw_entry(entry):
             raise self._bad(f"bad entry name {entry!r}")
         try:
             row = json.loads(text) if isinstance(text, str) else None

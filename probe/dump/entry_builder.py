@@ -16,6 +16,7 @@ from probe.dump.stack import StackTable
 from probe.hook_module.interceptor import guard
 from probe.hook_module.own_work import no_function_mode
 from probe.log_once import LogOnce
+from probe.vocabulary import NO_STATS, STAT_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class Summaries:
                 return
             hit = r                    # summarised on the spot (a CPU float tensor)
             self.cache.store(t, r)
-        summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = hit
+        summary.update(zip(STAT_KEYS, hit))
 
     def resolve(self):
         if not self.todo:
@@ -55,7 +56,7 @@ class Summaries:
             return
         values = stats.fetch([r for _, _, r in self.todo])
         for (summary, t, _), v in zip(self.todo, values):
-            summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = v
+            summary.update(zip(STAT_KEYS, v))
             if t is not None:
                 self.cache.store(t, v)
         self.todo = []
@@ -131,8 +132,7 @@ class EntryBuilder:
         if s is None:
             local, layout = dtensor_layout.split(t)   # a DTensor: its shard, no collective
             s = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape),
-                 "Max": None, "Min": None, "Mean": None, "Norm": None,
-                 "requires_grad": t.requires_grad}
+                 **NO_STATS, "requires_grad": t.requires_grad}
             if layout is not None:
                 s.update(layout)
             summaries.add(local, s)
@@ -167,7 +167,7 @@ class EntryBuilder:
             with guard(), no_function_mode():
                 values = stats.fetch([r for _, _, r in pending])
             for (summary, _, _), v in zip(pending, values):
-                summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = v
+                summary.update(zip(STAT_KEYS, v))
 
     # ---- backward -----------------------------------------------------------
     def grad_seen(self, g):

@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from probe.vocabulary import STAT_KEYS
+
 
 @dataclass(eq=False)
 class ForwardEntry:
@@ -58,6 +60,19 @@ class BackwardEntry:
         if self.output is not None:
             d["output"] = self.output
         return d
+
+def tensor_summary(dtype: str, shape: list, requires_grad: bool,
+                   stats: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """A tensor's summary as dump.json records it: type, dtype, shape, the statistics
+    (``vocabulary.STAT_KEYS``, taken from ``stats``; None where unknown), requires_grad.
+    For entries made outside the dump's hooks (crash dumps); ``EntryBuilder.summary`` and
+    the C summary write the same keys in the same order on the hot path."""
+    s: Dict[str, Any] = {"type": "torch.Tensor", "dtype": dtype, "shape": shape}
+    for k in STAT_KEYS:
+        s[k] = stats.get(k) if stats else None
+    s["requires_grad"] = requires_grad
+    return s
+
 
 # Non-tensor argument values msprobe records as {"type": ..., "value": ...}.
 _SCALARS = (bool, int, float, str)

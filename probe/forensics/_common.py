@@ -16,6 +16,7 @@ import torch
 from probe import rank
 from probe.dump.stack import TORCH_OP_PLUMBING, is_plumbing
 from probe.log_once import LogOnce
+from probe.vocabulary import NO_STATS, STAT_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def cpu_copy(t):
 def summary(t):
     """Max/Min/Mean/Norm of a CPU tensor, as dump.json records them (None when empty)."""
     if t.numel() == 0 or t.is_complex():
-        return {"Max": None, "Min": None, "Mean": None, "Norm": None}
+        return dict(NO_STATS)
     w = t.to(torch.float64)
     if t.dtype == torch.bool:
         mx, mn = bool(w.max()), bool(w.min())
@@ -130,7 +131,7 @@ def summary(t):
         mx, mn = int(w.max()), int(w.min())
     else:
         mx, mn = float(w.max()), float(w.min())
-    return {"Max": mx, "Min": mn, "Mean": float(w.mean()), "Norm": float(torch.linalg.vector_norm(w))}
+    return dict(zip(STAT_KEYS, (mx, mn, float(w.mean()), float(torch.linalg.vector_norm(w)))))
 
 
 current_rank = rank.current_rank   # the features' name for it

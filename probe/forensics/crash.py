@@ -162,7 +162,7 @@ def _tensors(call):
 def _describe(value, prefix, saved, positional):
     """dump.json's form of the arguments, over the containers ``keyed_tensors`` walks
     (``torch.Size`` a value, as the dump records it), tensors keyed as ``_tensors`` does."""
-    from probe.dump.records import describe_value
+    from probe.dump.records import describe_value, tensor_summary
     items = enumerate(value) if positional else value.items()
 
     def one(v, key):
@@ -170,11 +170,9 @@ def _describe(value, prefix, saved, positional):
             return describe_value(v)
         if isinstance(v, torch.Tensor):
             info = saved.get(key, {})
-            d = {"type": "torch.Tensor", "dtype": info.get("dtype", str(v.dtype)),
-                 "shape": info.get("shape", list(v.shape)),
-                 "Max": info.get("Max"), "Min": info.get("Min"), "Mean": info.get("Mean"),
-                 "Norm": info.get("Norm"), "requires_grad": bool(v.requires_grad),
-                 "stride": info.get("stride"), "device": info.get("device")}
+            d = tensor_summary(info.get("dtype", str(v.dtype)), info.get("shape", list(v.shape)),
+                               bool(v.requires_grad), info)
+            d["stride"], d["device"] = info.get("stride"), info.get("device")
             if "data_name" in info:
                 d["data_name"] = info["data_name"]
             return d

@@ -28,6 +28,8 @@ import torch
 from probe.compare.layout import find_dumps
 from probe.compare.reader import read_dump
 from probe.compare.tensors import resolve as _resolve_data
+from probe.errors import ConfigError
+from probe.vocabulary import BACKWARD, FORWARD, MAX, MEAN, MIN, parse_entry_name
 
 _PREFIX_EXPR = {
     "Functional": "torch.nn.functional.{}",
@@ -37,16 +39,17 @@ _PREFIX_EXPR = {
     "NPU": "torch_npu.{}",
     "Aten": "torch.ops.aten.{}",
 }
-_ENTRY_RE = re.compile(r"^(?P<base>(?P<api>[A-Za-z_]+\..+)\.(?P<n>\d+))(?:\.(?P<kind>forward|backward))?$")
 DEVICES = ("cpu", "cuda", "npu")
 
 
 def parse_entry(name):
     """'Functional.linear.3.backward' -> ('Functional.linear', 'Functional.linear.3', 'backward')."""
-    m = _ENTRY_RE.match(name.strip())
-    if not m:
-        raise ValueError(f"bad API entry name {name!r}; expected e.g. Functional.linear.0.forward")
-    return m.group("api"), m.group("base"), m.group("kind") or "forward"
+    n = parse_entry_name(name.strip())
+    if n is not None and n.is_module:
+        raise ConfigError(f"{name!r} is a module's entry; repro reruns one API call (e.g. Functional.linear.0.forward)")
+    if n is None or n.io or n.index is None or n.direction not in ("", FORWARD, BACKWARD):
+        raise ConfigError(f"bad API entry name {name!r}; expected e.g. Functional.linear.0.forward")
+    return n.qualified, n.base, n.direction or FORWARD
 
 
 def api_expr(api):
@@ -143,7 +146,7 @@ class _Plan:
             meta["synthetic"] = False
         else:
             meta["synthetic"] = True
-            meta["range"] = [desc.get("Min"), desc.get("Max"), desc.get("Mean")]
+            meta["range"] = [desc.get(MIN), desc.get(MAX), desc.get(MEAN)]
         self.tensors[key] = meta
 
     def arg(self, desc, key, device_var="D"):

@@ -7,13 +7,10 @@ sections the dump used (``Functional`` -> torch.nn.functional, ``Tensor`` -> tor
 """
 from __future__ import annotations
 
-import re
+import dataclasses
 from dataclasses import dataclass
 
-from probe.hook_module.sections import SECTION_PREFIX, in_place
-
-_PREFIX_SECTION = {prefix: section for section, prefix in SECTION_PREFIX.items()}
-_NAME_RE = re.compile(r"^(?P<prefix>[A-Za-z]+)\.(?P<api>.+)\.(?P<n>\d+)\.(?P<phase>forward|backward)$")
+from probe.vocabulary import PREFIX_SECTION, EntryName, api_name, in_place
 
 # Outputs drawn from a random generator: judged by their distribution, not element-wise.
 RANDOM = frozenset({
@@ -58,25 +55,9 @@ ULP_APIS = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "
 
 
 @dataclass(frozen=True)
-class EntryName:
-    prefix: str       # "Functional"
-    api: str          # "linear"
-    index: int        # 0
-    phase: str        # "forward" | "backward"
-
-    @property
-    def base(self) -> str:
-        """"Functional.linear.0": one API call, the key of the result CSV."""
-        return f"{self.prefix}.{self.api}.{self.index}"
-
-    @property
-    def qualified(self) -> str:
-        return f"{self.prefix}.{self.api}"
-
-    @property
-    def leaf(self) -> str:
-        """The last name part ("norm" of linalg.norm): what the kind sets hold."""
-        return self.api.rsplit(".", 1)[-1]
+class ApiEntry(EntryName):
+    """An API call's entry name (the vocabulary's ``EntryName``) and what replaying it
+    needs to know of its kind: in place, a conversion, random, exact, ULP-judged."""
 
     @property
     def inplace(self) -> bool:
@@ -103,18 +84,19 @@ class EntryName:
         return self.leaf in ULP_APIS
 
 
-def parse_name(name: str) -> EntryName | None:
-    """EntryName of an API entry, or None for module entries and unknown shapes."""
-    m = _NAME_RE.match(name)
-    if m is None or m.group("prefix") not in _PREFIX_SECTION:
+def parse_name(name: str) -> ApiEntry | None:
+    """The ApiEntry of an API call's entry name of a registry section, or None for module
+    entries, custom ops and other shapes."""
+    n = api_name(name)
+    if n is None or n.prefix not in PREFIX_SECTION:
         return None
-    return EntryName(m.group("prefix"), m.group("api"), int(m.group("n")), m.group("phase"))
+    return ApiEntry(**{f.name: getattr(n, f.name) for f in dataclasses.fields(n)})
 
 
 _cache: dict = {}
 
 
-def resolve_api(entry: EntryName):
+def resolve_api(entry: ApiEntry):
     """The callable an entry name stands for; LookupError with the reason if there is none.
 
     A ``Tensor`` API is called unbound (``torch.Tensor.add(self, other)``), which is how
@@ -124,7 +106,7 @@ def resolve_api(entry: EntryName):
     if key in _cache:
         return _cache[key]
     from probe.hook_module.registry import lookup, section_owner  # imports torch
-    section = _PREFIX_SECTION[entry.prefix]
+    section = PREFIX_SECTION[entry.prefix]
     owner = section_owner(section)
     if owner is None:
         raise LookupError(f"section {section!r} is not available here (package not installed)")

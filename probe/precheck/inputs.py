@@ -15,6 +15,7 @@ import torch
 
 from probe.compare import tensors as tensor_files
 from probe.hook_module import grad_capture
+from probe.vocabulary import MAX, MEAN, MIN
 
 _DTYPES = {str(d): d for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16,
                                torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
@@ -127,9 +128,9 @@ class Loader:
         self._k += 1
         gen = torch.Generator().manual_seed(self._seed * 7919 + self._k)
         numel = int(np.prod(shape)) if shape else 1
-        lo, hi = _num(d.get("Min")), _num(d.get("Max"))
+        lo, hi = _num(d.get(MIN)), _num(d.get(MAX))
         if dtype == torch.bool:
-            mean = _num(d.get("Mean"))
+            mean = _num(d.get(MEAN))
             p = 0.5 if mean is None or not np.isfinite(mean) else min(max(mean, 0.0), 1.0)
             return (torch.rand(shape, generator=gen) < p)
         if not dtype.is_floating_point and not dtype.is_complex:

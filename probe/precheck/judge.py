@@ -10,6 +10,7 @@ import torch
 from probe.compare.verdict import Verdict, dtype_class
 from probe.precheck import standards as st
 from probe.precheck.inputs import is_tensor_desc
+from probe.vocabulary import MAX, MIN
 
 SIGMA = 5.0         # statistical checks: five standard errors before calling a sample wrong
 MIN_SAMPLE = 100    # fewer elements than this cannot be judged statistically
@@ -124,7 +125,7 @@ def _judge_synthetic(row, v, desc, bench, golden):
     note = "inputs synthesised from the recorded shape/dtype/range: the dumped output is checked " \
            "by shape, dtype and finiteness only"
     dumped_nonfinite = any(isinstance(desc.get(k), float) and not math.isfinite(desc[k])
-                           for k in ("Max", "Min"))
+                           for k in (MAX, MIN))
     if dumped_nonfinite and bench.dtype.is_floating_point and bool(torch.isfinite(bench).all()):
         v.add("warning", "the dumped output holds Inf/NaN but the replay on synthetic inputs is finite")
     if isinstance(golden, torch.Tensor) and bench.dtype.is_floating_point and golden.shape == bench.shape:

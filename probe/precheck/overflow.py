@@ -23,6 +23,7 @@ import numpy as np
 
 from probe.compare import tensors as tensor_files
 from probe.compare.reader import DumpMeta, read_dump
+from probe.vocabulary import MAX, MIN, forward_of
 
 _FLOAT = ("float", "bfloat16", "half", "double", "complex")
 
@@ -82,7 +83,7 @@ def _tensor_state(desc, data_dir):
     dtype = str(desc.get("dtype", ""))
     if not any(f in dtype for f in _FLOAT):
         return None
-    values = [desc.get(k) for k in ("Max", "Min")]
+    values = [desc.get(k) for k in (MAX, MIN)]
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         if all(math.isfinite(v) for v in values):
             return None
@@ -117,10 +118,6 @@ def _scan(value, prefix, data_dir, out):
     return out
 
 
-def _forward_name(name):
-    return name[: -len(".backward")] + ".forward" if name.endswith(".backward") else None
-
-
 def find_overflow(path: str, limit: int | None = None) -> OverflowReport:
     """Overflow origins in a dump (a dump.json, a rank folder or a dump root).
 
@@ -149,7 +146,7 @@ def find_overflow(path: str, limit: int | None = None) -> OverflowReport:
                 return report
         for name, entry in backward:
             ins = _scan(entry.get("input"), "input", data_dir, [])
-            fwd_dirty = dirty_inputs.get(_forward_name(name), False)
+            fwd_dirty = dirty_inputs.get(forward_of(name), False)
             _judge(report, dump_json, name, "backward", bool(ins) or fwd_dirty, entry.get("output"),
                    "output", data_dir)
             if limit and len(report.hits) >= limit:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from probe.cli_options import require_device
 from probe.compare.reader import DumpMeta, read_dump
-from probe.precheck.entries import DROPOUT_ARGS, EntryName, parse_name, resolve_api
+from probe.precheck.entries import DROPOUT_ARGS, ApiEntry, parse_name, resolve_api
 from probe.precheck.inputs import Loader, Unrebuildable, flat_outputs, flat_tensors, is_tensor_desc, torch_dtype
 from probe.precheck.judge import TensorResult, judge_dropout, judge_leaf
 from probe.precheck.replay import Replayer
@@ -125,7 +125,7 @@ def locate_dump(path: str) -> str:
     return path
 
 
-def _matches(api: EntryName, items) -> bool:
+def _matches(api: ApiEntry, items) -> bool:
     return any(i in (api.api, api.leaf, api.qualified, api.base) for i in items)
 
 
@@ -137,7 +137,7 @@ class Checker:
         self.replayer = Replayer(device)
 
     # ---- forward -----------------------------------------------------------------------
-    def forward(self, api: EntryName, entry: dict) -> tuple[str, str, list]:
+    def forward(self, api: ApiEntry, entry: dict) -> tuple[str, str, list]:
         try:
             func = resolve_api(api)
         except LookupError as exc:
@@ -188,7 +188,7 @@ class Checker:
         return _rollup(rows)
 
     # ---- backward ----------------------------------------------------------------------
-    def backward(self, api: EntryName, fwd: dict | None, bwd: dict) -> tuple[str, str, list]:
+    def backward(self, api: ApiEntry, fwd: dict | None, bwd: dict) -> tuple[str, str, list]:
         if fwd is None or "input_args" not in fwd:
             return SKIP, "no forward entry with inputs to replay the backward from", []
         if "output" not in bwd or "input" not in bwd:
@@ -356,7 +356,7 @@ def _run_ut(dump_json, out_dir, device, white_list, black_list, resume, progress
         if black_list and _matches(api, black_list):
             continue
         slot = calls.setdefault(api.base, {"api": api})
-        slot[api.phase] = entry
+        slot[api.direction] = entry
     data_dir = os.path.join(os.path.dirname(os.path.abspath(path)), "dump_tensor_data")
     if not os.path.isdir(data_dir) and meta.dump_data_dir and os.path.isdir(meta.dump_data_dir):
         data_dir = meta.dump_data_dir
