@@ -325,3 +325,43 @@ def test_a_replayed_index_is_the_tuple_it_was(tmp_path):
         summary = json.load(fh)
     assert summary["replayed_calls"] >= 1
     assert summary["first_divergence"]["name"] is None, summary["verdict"]
+
+
+def test_a_tensor_mode_compare_warns_nothing_from_probe(tmp_path):
+    """Warnings raised in probe's modules are errors here: every index form (tensors, an
+    Ellipsis, None and slices, a list) is replayed as written, so each indexing call gets
+    its local error, and nothing warns (a list of tensors read as a non-tuple index warned,
+    and later torch reads it as one tensor of indices)."""
+    import warnings
+
+    import openpyxl
+
+    from probe.compare import compare
+    paths = []
+    i, j = torch.tensor([0, 2]), torch.tensor([1, 3])
+    for side, noise in (("npu", 1e-3), ("bench", 0.0)):
+        dbg = PrecisionDebugger(task="tensor", dump_path=str(tmp_path / side))
+        x = (torch.linspace(-1, 1, 24).reshape(4, 6) + noise).requires_grad_()
+        dbg.start()
+        y = x * 2
+        parts = [y[i, j], y[..., 0], y[:, None, 1:], y[[0, 2]], y[i]]
+        sum(p.sum() for p in parts).backward()
+        dbg.stop()
+        dbg.step()
+        dbg.close()
+        paths.append(glob.glob(os.path.join(str(tmp_path / side), "step0", "*", "dump.json"))[0])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("error", module=r"probe(\.|$)")
+        out = compare({"npu_json_path": paths[0], "bench_json_path": paths[1], "is_print_compare_log": False},
+                      str(tmp_path / "out"), html=False)
+    ours = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught
+            if os.sep + "probe" + os.sep in w.filename or "non-tuple" in str(w.message)]
+    assert not ours, ours[:2]
+    ws = openpyxl.load_workbook(out[0])["Diagnosis"]
+    header = [c.value for c in ws[1]]
+    rows = [dict(zip(header, r)) for r in ws.iter_rows(min_row=2, values_only=True)]
+    indexing = [r for r in rows if str(r["NPU Name"]).startswith("Tensor.__getitem__.") and r["Direction"] == "forward"]
+    assert len(indexing) == 5
+    for r in indexing:      # re-run on its own inputs: a local error, and not blamed
+        assert isinstance(r["Local Error"], float) and r["Status"] != "introduces", r

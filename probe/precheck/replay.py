@@ -78,11 +78,12 @@ def _to_cpu(value):
 
 def index_as_written(api, args):
     """``t[a, b]`` indexes with a tuple, which dump.json can only write as a list; indexed
-    with a list, torch reads it as a tensor of indices (deprecated since 2.9 for a list of
-    slices, a different result later). The index of ``__getitem__``/``__setitem__`` is
-    given back as the tuple it was."""
+    with a list, torch reads it as a tensor of indices (deprecated since 2.9 for a list
+    holding slices, None, Ellipsis, lists or tensors: a warning now, an error or a
+    different result later). The index of ``__getitem__``/``__setitem__`` is given back as
+    the tuple it was; a list of plain ints or bools (``t[[0, 2]]``) stays a list."""
     if api.leaf in ("__getitem__", "__setitem__") and len(args) > 1 and isinstance(args[1], list) \
-            and any(isinstance(x, (slice, type(None), type(Ellipsis), list)) or x is Ellipsis for x in args[1]):
+            and any(isinstance(x, (slice, type(None), type(Ellipsis), list, tuple, torch.Tensor)) for x in args[1]):
         return [args[0], tuple(args[1]), *args[2:]]
     return args
 
