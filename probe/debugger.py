@@ -28,6 +28,7 @@ from probe.errors import ConfigError
 from probe.hook_module.interceptor import Interceptor
 from probe.hook_module.registry import load_registry, resolve
 from probe.rank import current_rank
+from probe.log_once import LogOnce
 from probe.seed import seed_all
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class PrecisionDebugger:
         self._active = False
         self._started = False     # start() called and no stop() since (even on a step not dumped)
         self._step_started = False
-        self._warned = set()      # misuse kinds already said once
+        self._misuse_said = LogOnce(log)      # misuse kinds already said once
         self._whole = []          # module_dump requests (_WholeModule)
         self._meta_mark = None
         self._dir_step = None
@@ -177,9 +178,7 @@ class PrecisionDebugger:
     # ---- internals -----------------------------------------------------------
     def _misuse(self, kind, message):
         """A call-sequence mistake: said once per kind, never raised into the training loop."""
-        if kind not in self._warned:
-            self._warned.add(kind)
-            log.warning("probe: %s", message)
+        self._misuse_said.warning(kind, "probe: %s", message)
 
     def _make_dumpers(self):
         """The handler chain, built once from the config:

@@ -2,6 +2,7 @@
 
     said = LogOnce(logging.getLogger(__name__))
     said.warning(("feature", name), "probe: %s failed (%s)", name, exc)
+    said.failed("writing the step's file", exc)     # "probe: writing ... failed, skipped ..."
 
 Each ``LogOnce`` remembers its own keys (a dump run's, a tool's, a module's); thread-safe.
 """
@@ -10,8 +11,9 @@ import threading
 
 
 class LogOnce:
-    def __init__(self, logger: logging.Logger):
+    def __init__(self, logger: logging.Logger, who: str = "probe"):
         self.logger = logger
+        self.who = who               # names the tool in ``failed``'s line ("probe monitor")
         self._said: set = set()
         self._lock = threading.Lock()
 
@@ -30,3 +32,8 @@ class LogOnce:
     def error(self, key, msg, *args):
         if self.first(key):
             self.logger.error(msg, *args)
+
+    def failed(self, where: str, exc: BaseException) -> None:
+        """``where`` raised ``exc`` and was skipped: a warning, once per place."""
+        self.warning(where, "%s: %s failed, skipped (logged once): %s: %s", self.who, where,
+                     type(exc).__name__, exc)

@@ -14,7 +14,7 @@ No torch here: compare and the CLI's help import this without it. Dtypes are nam
 ``str(dtype)`` without ``torch.`` ("bfloat16").
 """
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional
 
 
 @dataclass(frozen=True)
@@ -33,3 +33,9 @@ TOLERANCES: Dict[str, Tolerance] = {
     "float32": Tolerance("float32", rtol=1e-4, floor=1e-6, cos_warn=0.99999, cos_err=0.9999, atol=1e-6),
     "float64": Tolerance("float64", rtol=1e-9, floor=1e-12, cos_warn=0.9999999, cos_err=0.99999, atol=1e-12),
 }
+DEFAULT = "float32"     # the tolerance of whatever has none of its own (ints, unknown dtypes)
+
+
+def tolerance_for(name: Optional[str]) -> Tolerance:
+    """The tolerance of a dtype named as in ``TOLERANCES`` ("bfloat16"); float32's otherwise."""
+    return TOLERANCES.get(name or "") or TOLERANCES[DEFAULT]

@@ -41,6 +41,7 @@ from . import verdict as vd
 from .draws import DrawCheck
 from .local_error import LocalError, Replays
 from .rows import direction
+from probe.tolerances import tolerance_for
 
 JUMP = 4.0           # output error above JUMP x input error: the call made it, not its inputs
 STATS_JUMP = 10.0    # the same from Max/Min/Mean/Norm alone in a bf16/fp16 run, or where the
@@ -313,7 +314,7 @@ def row_errors(result) -> list:
         a, b, numel = _stats_arrays([pairs[i].npu for i in by_stats], [pairs[i].bench for i in by_stats])
         floors = {}
         floor = np.array([floors.get(t) or floors.setdefault(
-            t, (vd.TOLERANCES.get(t) or vd.TOLERANCES["float32"]).floor) for t in (tol_dtype[i] for i in by_stats)])
+            t, tolerance_for(t).floor) for t in (tol_dtype[i] for i in by_stats)])
         for i, e in zip(by_stats, stat_errors(a, b, numel, floor).tolist()):
             if not math.isnan(e):
                 out[i] = e
@@ -356,7 +357,7 @@ def _cancellation_floors(result, calls, errors):
             if a is None or b is None or a.io != "output" or errors[i] is None or b.kind != "tensor" \
                     or a.shape != b.shape or not b.numel:
                 continue
-            tol = vd.TOLERANCES.get(tol_dtype[i]) or vd.TOLERANCES["float32"]
+            tol = tolerance_for(tol_dtype[i])
             rows.append(i)
             floors.append(max(tol.floor, rms * math.sqrt(max(big.numel / b.numel, 1.0))))
     if not rows:

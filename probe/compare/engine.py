@@ -22,6 +22,7 @@ from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_met
 from .reader import DumpMeta, gc_paused, read_dump
 from .rows import Row, direction, flatten
 from .tensors import load, resolve
+from probe.tolerances import tolerance_for
 from probe.vocabulary import PERCENT_COLUMNS, STAT_DIFFS, TENSOR_METRICS, columns_for  # noqa: F401  (the column lists)
 
 
@@ -421,7 +422,7 @@ def _dtype_judgement(key):
     if not vd.comparable(npu_dtype, bench_dtype):
         return None
     exact = vd.dtype_class(npu_dtype) == "exact"
-    tol = vd.TOLERANCES.get(tol_name) or vd.TOLERANCES["float32"]
+    tol = tolerance_for(tol_name)
     return exact, tol, "exact" if exact else tol.name
 
 
@@ -491,7 +492,7 @@ def _tensor_row(cols, i, m: TensorMetrics, v: vd.Verdict, tol_name, exact: bool)
         if m.exact_mismatch:
             v.add("error", f"{m.exact_mismatch} of {m.numel} elements differ (exact dtype)")
         return
-    tol = vd.TOLERANCES.get(tol_name) or vd.TOLERANCES["float32"]
+    tol = tolerance_for(tol_name)
     vd.judge_cosine(v, m.cosine, tol)
     vd.judge_elements(v, m.tol_ratio, m.beyond, m.gross, tol)
 

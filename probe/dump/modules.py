@@ -16,6 +16,8 @@ never changed (the hooks return None).
 """
 import dataclasses
 import logging
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -25,6 +27,7 @@ from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import state
 from probe.hook_module.own_work import no_function_mode
 from probe.log_once import LogOnce
+from probe.python_compat import SLOTS
 from probe.tensor_tree import flat_tensors
 from probe.torch_compat import compiling as _is_compiling
 from probe.torch_compat import restore_optimizer_step_hooks, run_eagerly
@@ -99,17 +102,35 @@ def _plain(out):
     return out
 
 
+@dataclass(**SLOTS)
 class _ModuleCall:
-    """One module's forward between its pre- and post-hook."""
-    __slots__ = ("name", "fwd", "bwd", "summaries", "entry", "params", "grad", "parent")
+    """One dumped module forward between its pre- and post-hook."""
+    name: str                      # Module.{path}.{Class}
+    fwd: str                       # its forward entry's name
+    bwd: str                       # its backward entry's name
+    summaries: Any                 # entry_builder.Summaries of the call
+    parent: Optional[tuple]        # the enclosing module's (forward, backward) names (mix)
+    entry: ForwardEntry = field(default_factory=ForwardEntry)
+    params: Optional[dict] = None  # the parameters' summaries (data_mode with inputs)
+    grad: Optional[Tuple[Any, int]] = None   # (autograd edges before the call, number of inputs)
 
-    def __init__(self, name, fwd, bwd, summaries, parent):
-        self.name, self.fwd, self.bwd = name, fwd, bwd
-        self.summaries = summaries
-        self.entry = ForwardEntry()
-        self.params = None
-        self.grad = None
-        self.parent = parent
+
+@dataclass(**SLOTS)
+class _Running:
+    """A module call in progress (``ModuleDumper.running`` is their stack)."""
+    module: torch.nn.Module
+    call: Optional[_ModuleCall]    # None where the filter left the call out or its hook failed
+    parent: Optional[tuple]        # ``Construct.current`` before the call
+    key: str                       # the call's scope key (``Module.a.Linear.0``)
+    whole: bool                    # a ``module_dump`` module: nothing inside it is dumped
+
+
+@dataclass(**SLOTS)
+class _ParamOwner:
+    """A module holding a parameter: its gradient goes into that module's entry."""
+    module: str                    # Module.{path}.{Class}
+    param: str                     # the parameter's name in the module
+    order: List[str]               # all of the module's parameter names with gradients, in order
 
 
 class ModuleDumper:
@@ -120,7 +141,7 @@ class ModuleDumper:
         self.construct = construct
         self.counters = {}
         self.handles = []
-        self.running = []            # (module, call or None, parent, scope key) per module call
+        self.running: List[_Running] = []     # the module calls in progress, innermost last
         self.dumped = set()          # module names with a dumped forward this step
         self.grad_pending = {}       # module name -> {param name: summary}
         self.grad_counters = {}
@@ -140,7 +161,7 @@ class ModuleDumper:
         if isinstance(models, torch.nn.Module):
             models = [models]
         models = list(models)
-        owners = {}   # parameter -> [(module name, parameter name, module's parameter count)]
+        owners: Dict[Any, List[_ParamOwner]] = {}   # parameter -> the modules holding it
         for i, model in enumerate(models):
             prefix = f"{i}." if len(models) > 1 else ""
             if runs_compiled(model):
@@ -159,7 +180,7 @@ class ModuleDumper:
                 params = [(p_name, p) for p_name, p in module._parameters.items()
                           if p is not None and p.requires_grad]
                 for p_name, p in params:
-                    owners.setdefault(p, []).append((name, p_name, [n for n, _ in params]))
+                    owners.setdefault(p, []).append(_ParamOwner(name, p_name, [n for n, _ in params]))
         for p, who in owners.items():
             self.handles.append(p.register_hook(self._param_hook(who)))
 
@@ -214,7 +235,7 @@ class ModuleDumper:
             fwd = f"{name}.forward.{n}"
             key = f"{name}.{n}"
             if not flt.wants(key, fwd, module=True):
-                running.append((mod, None, None, key, whole))
+                running.append(_Running(mod, None, None, key, whole))
             else:
                 parent = construct.current if construct is not None else None
                 call = None
@@ -223,7 +244,7 @@ class ModuleDumper:
                         call = self._before(mod, name, fwd, args, kwargs, parent)
                 except Exception as exc:
                     api.entries.fail(name, exc)
-                running.append((mod, call, parent, key, whole))
+                running.append(_Running(mod, call, parent, key, whole))
                 if construct is not None:
                     construct.tree[fwd] = parent and parent[0]
                     construct.current = (fwd, call.bwd if call else None)
@@ -235,19 +256,19 @@ class ModuleDumper:
         def post(mod, args, kwargs, output):
             if _is_compiling():
                 return None
-            if whole and running and running[-1][0] is mod and running[-1][4]:
+            if whole and running and running[-1].module is mod and running[-1].whole:
                 blocked.value -= 1
                 state.depth -= 1
             if state.depth or blocked.value:
                 return None
             while running:
                 frame = running.pop()
-                if frame[0] is mod:
+                if frame.module is mod:
                     break
             else:
                 return None
-            _, call, parent, key, _ = frame
-            flt.module_exit(key)
+            call, parent = frame.call, frame.parent
+            flt.module_exit(frame.key)
             if call is None:
                 return None
             if construct is not None:
@@ -327,13 +348,14 @@ class ModuleDumper:
                     with OwnWork():
                         self._param_grad(owners, grad)
                 except Exception as exc:
-                    api.entries.fail(owners[0][0], exc)
+                    api.entries.fail(owners[0].module, exc)
             return None
         return hook
 
     def _param_grad(self, owners, grad):
         summary = None
-        for name, p_name, order in owners:
+        for owner in owners:
+            name, p_name, order = owner.module, owner.param, owner.order
             if name not in self.dumped:
                 continue
             if summary is None:

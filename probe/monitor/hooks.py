@@ -84,21 +84,11 @@ def _loss_of(output):
     return None
 
 
-class Once:
-    """Log a failure once per place; the training step never sees it."""
-
-    def __init__(self):
-        self.seen = set()
-
-    def failed(self, where, exc):
-        if where not in self.seen:
-            self.seen.add(where)
-            log.warning("probe monitor: %s failed, skipped (logged once): %s: %s", where, type(exc).__name__, exc)
-
-
-class Collector:
-    """Hooks on one model and (optionally) its optimizer; calls ``on_step(StepStats)`` at
-    the end of each logged step, from inside ``optimizer.step()`` or ``step()``."""
+class StepStatsCollector:
+    """Hooks on one model and (optionally) its optimizer that gather a step's statistics
+    (activations, gradients, optimizer state); calls ``on_step(StepStats)`` at the end of
+    each logged step, from inside ``optimizer.step()`` or ``step()``. ``failures`` (a
+    ``LogOnce``) says each failing place once; the training step never sees it."""
 
     def __init__(self, options, model, optimizer, scaler, loss_fn, rank, on_step, failures):
         self.opts = options

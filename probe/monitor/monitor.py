@@ -15,14 +15,15 @@ import dataclasses
 import logging
 
 import torch
-import torch.distributed as dist
 
+from probe.log_once import LogOnce
 from probe.monitor.anomaly import AnomalyDetector
 from probe.monitor.dump_on_alert import DumpArm, check_dump_options
-from probe.monitor.hooks import TRAIN, Collector, Once, unwrap_optimizer
+from probe.monitor.hooks import TRAIN, StepStatsCollector, unwrap_optimizer
 from probe.monitor.options import load_options
 from probe.monitor.outputs import default_formats, open_outputs, require_tensorboard
 from probe.monitor.records import StepStats
+from probe.rank import current_rank
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class Monitor:
         if self.options.dump_on_alert:
             check_dump_options(self.options)
         self.detector = AnomalyDetector(self.options)
-        self.failures = Once()
+        self.failures = LogOnce(log, "probe monitor")   # a failing place said once, never raised
         self.collector = None
         self.outputs = []
         self.arm = None
@@ -70,12 +71,12 @@ class Monitor:
             raise RuntimeError("set_monitor: this Monitor already watches a model; make another Monitor")
         if optimizer is not None:
             optimizer = unwrap_optimizer(optimizer)
-        self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.rank = current_rank() or 0
         self.outputs = open_outputs(self.options, self.rank)
         if self.options.dump_on_alert:
             self.arm = DumpArm(self.options, model, self.failures)
-        self.collector = Collector(self.options, model, optimizer, scaler, loss_fn, self.rank, self._on_step,
-                                   self.failures)
+        self.collector = StepStatsCollector(self.options, model, optimizer, scaler, loss_fn, self.rank,
+                                            self._on_step, self.failures)
         return self
 
     @property

@@ -23,6 +23,7 @@ import numpy as np
 
 from probe.compare.metrics import tensor_metrics
 from probe.compare.verdict import TOLERANCES, Verdict
+from probe.tolerances import tolerance_for
 
 # dtype -> small-value threshold (|golden| below it is judged by absolute error),
 # small-value atol, epsilon (spacing at 1.0), mantissa bits, min normal exponent,
@@ -100,7 +101,7 @@ def error_metrics(x: np.ndarray, g: np.ndarray, std: Standard) -> ErrorMetrics:
     """Errors of ``x`` (device or bench) against golden ``g``, judged at ``std``'s dtype."""
     x = np.asarray(x, dtype=np.float64).ravel()
     g = np.asarray(g, dtype=np.float64).ravel()
-    tol = TOLERANCES.get(std.name, TOLERANCES["float32"])
+    tol = tolerance_for(std.name)
     base = tensor_metrics(x, g, tol.rtol, tol.floor)
     m = ErrorMetrics(cosine=base.cosine, max_abs=base.max_abs, max_rel=base.max_rel,
                      one_thousandth=base.one_thousandth, five_thousandths=base.five_thousandths,
