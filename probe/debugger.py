@@ -21,14 +21,15 @@ from typing import Any, Optional
 
 from probe.config import load_config
 from probe.dump.collector import ApiCollector
+from probe.dump.compiled_graphs import CompiledGraphs, CompileHook
 from probe.dump.construct import Construct
 from probe.dump.draws import DrawHandler
 from probe.dump.writer import DumpWriter
 from probe.errors import ConfigError
 from probe.hook_module.interceptor import Interceptor
 from probe.hook_module.registry import load_registry, resolve
-from probe.rank import current_rank
 from probe.log_once import LogOnce
+from probe.rank import current_rank
 from probe.seed import seed_all
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,11 @@ class _WholeModule:
 class PrecisionDebugger:
     """Dump between ``start()`` and ``stop()`` at the config's level.
 
-    L1: registered APIs. L0: the modules of the model given to ``start(model)`` (or to the
-    constructor). mix: both, with construct.json mapping each entry to its module. L2:
-    aten kernels (forward and backward) via a dispatch mode.
+    L1: registered APIs (and, for a DDP or FSDP2 model given to ``start(model)``, its
+    parameter gradients after the data-parallel reduction). L0: the modules of the model
+    given to ``start(model)`` (or to the constructor). mix: both, with construct.json
+    mapping each entry to its module. L2: aten kernels (forward and backward) via a
+    dispatch mode.
 
     Keyword arguments override the config file's values (``task``, ``dump_path``,
     ``level``, ``step``, ``rank``, ...). A new debugger replaces the previous one, as
@@ -73,6 +76,8 @@ class PrecisionDebugger:
         self._kernels = None
         self._tracker = None
         self._construct = None
+        self._graphs = None         # CompiledGraphs: the dump of compiled graphs' APIs (L1/mix)
+        self._compile_hook = None   # CompileHook: inductor's compiles instrumented while it is installed
         self.forensics = None
         self._active = False
         self._started = False     # start() called and no stop() since (even on a step not dumped)
@@ -219,6 +224,12 @@ class PrecisionDebugger:
         self._draws = DrawHandler(self.forensics, self.config.random_from)
         handler = self._draws if self._draws.active else self.forensics
         self._interceptor = Interceptor(with_custom_ops(self.registry), handler)
+        if level in ("L1", "mix") and self.config.task != "overflow_check" and self._compile_hook is None:
+            # registered APIs inside torch.compile'd graphs, from the next compile on
+            self._graphs = CompiledGraphs(self._collector)
+            self._compile_hook = CompileHook(self._graphs, self.registry.by_func, self.registry.dunders,
+                                             with_tensors=self._with_tensors)
+            self._compile_hook.install()
         forensics.configure(self)
 
     def _attach(self):
@@ -229,14 +240,20 @@ class PrecisionDebugger:
             self._modules.attach(models)
             if level == "mix":
                 self._modules.attach_optimizer()
+        elif level == "L1" and self.model is not None and self.config.task != "overflow_check":
+            self._modules.attach_reduced(self.model)   # a DDP / FSDP2 model's reduced gradients
         for request in self._whole:
             request.handles = self._modules.attach_whole(request.module, request.name)
         if self._interceptor is not None:
             self._interceptor.start()
+        if self._graphs is not None:
+            self._graphs.start()
         if self._kernels is not None:
             self._kernels.start()
 
     def _detach(self):
+        if self._graphs is not None:
+            self._graphs.stop()
         if self._kernels is not None:
             self._kernels.stop()
         if self._interceptor is not None:
@@ -269,6 +286,9 @@ class PrecisionDebugger:
         self._stop()
         if self._interceptor is not None:
             self._interceptor.close()
+        if self._compile_hook is not None:
+            self._compile_hook.uninstall()
+            self._compile_hook = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -95,7 +95,7 @@ class EntryBuilder:
         self.cache = stats.SummaryCache()
         if config.async_dump:
             self.cache.deferred = []
-            writer.before_flush = self.fetch_deferred
+            writer.before_flush.append(self.fetch_deferred)
         self._said = LogOnce(log)
 
     def reset_step(self):

@@ -110,6 +110,17 @@ class StackTable:
         self._codes.append(codes)
         return sid
 
+    def record(self, entry_name, frames):
+        """Record ``frames`` (formatted, innermost first) for ``entry_name``: the stack of a
+        call inside a compiled graph, read from its FX node when the graph was compiled."""
+        text = json.dumps(frames)
+        sid = self._by_text.get(text)
+        if sid is None:
+            sid = self._by_text[text] = len(self.stacks)
+            self.stacks.append(list(frames))
+            self._frames_text.append(text)
+        self._used.setdefault(sid, []).append(entry_name)
+
     def parts(self):
         """This step's stacks as (entry names, frames encoded as JSON when the stack was
         first seen): what ``encode.stack_text`` turns into stack.json's text."""
@@ -132,5 +143,11 @@ def _python_key(frame):
 
 
 def _format(code, line):
-    src = linecache.getline(code.co_filename, line).strip()
-    return f"File {code.co_filename}, line {line}, in {code.co_name}, \n {src}"
+    return format_frame(code.co_filename, line, code.co_name)
+
+
+def format_frame(filename, line, function, src=None):
+    """One frame as stack.json writes it (msprobe's form)."""
+    if src is None:
+        src = linecache.getline(filename, line).strip()
+    return f"File {filename}, line {line}, in {function}, \n {src}"

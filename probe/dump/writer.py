@@ -292,7 +292,8 @@ class DumpWriter:
         self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
         self._pid = _Process.pid
         self._pending: List[Tuple[str, dict]] = []   # entries not yet encoded
-        self.before_flush: Optional[Callable[[], None]] = None   # async_dump: fills in entries' numbers
+        # fill in entries' numbers fetched from a device in one transfer (async_dump, compiled graphs)
+        self.before_flush: List[Callable[[], None]] = []
         self._last_flush = time.monotonic()
         self._bytes = 0
         self._bytes_cv = threading.Condition()
@@ -401,9 +402,9 @@ class DumpWriter:
         self._last_flush = time.monotonic()
         if not self._pending:
             return
-        if self.before_flush is not None:
+        for fill in self.before_flush:
             try:
-                self.before_flush()
+                fill()
             except Exception as exc:
                 self._report(exc)
         entries, self._pending = self._pending, []

@@ -1,0 +1,752 @@
+"""Registered APIs inside ``torch.compile``'d graphs, dumped as an eager run names them.
+
+A compiled model runs inductor's kernels, not the torch functions probe intercepts, so
+the function mode sees nothing of it. Instead, while a debugger dumps at L1 or mix,
+every inductor compile goes through :func:`instrumented_compile`:
+
+* **forward**: dynamo's graph holds one node per torch-level call, with the function it
+  called, ``stack_trace`` and ``nn_module_stack``. Each node whose function is registered
+  (``Functional.linear``, ``Tensor.__add__``...) gets the statistics of its tensor inputs
+  and outputs computed *inside the graph*: one extra output, a flat float64 vector of
+  (Max, Min, Mean, Norm) per tensor that inductor fuses into its kernels. The graph's
+  runtime wrapper takes that vector off the outputs and names the calls from the
+  debugger's counters in graph order, so a compiled dump pairs by name with an eager one.
+* **backward**: AOT autograd's backward graph tags each node with the forward call it
+  differentiates (``fwd_source_fn_stack``, matched through ``seq_nr``). Per call, the
+  gradients flowing into its backward nodes (of its outputs) and out of them (of its
+  inputs) get the same in-graph statistics, as an extra output of the backward graph.
+
+One host transfer per graph call on an accelerator happens at the writer's next flush
+(the vector is small); on the CPU the numbers are read on the spot. The user's outputs
+are the graph's own; ``tests/test_dump_compiled_graphs.py`` checks training stays
+bitwise identical. Graphs left as they are, each said once: CUDA graphs (their outputs
+are overwritten at the next replay), low-precision graphs (a statistic would make
+inductor store a bf16/fp16 intermediate it otherwise keeps in fp32 inside a fused
+kernel: the model's numbers would change), dynamic shapes, and torch before 2.5.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import operator
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from probe.dump.compiled_operators import OPERATOR_NODE_NAMES, OperatorNames
+from probe.dump.records import BackwardEntry, ForwardEntry, describe_value
+from probe.dump.stack import format_frame, is_plumbing
+from probe.hook_module.own_work import no_function_mode
+from probe.log_once import LogOnce
+from probe.torch_compat import TORCH
+
+log = logging.getLogger(__name__)
+_said = LogOnce(log)
+
+SUPPORTED = TORCH >= (2, 5)
+N_STATS = 4   # Max, Min, Mean, Norm: the layout of the in-graph vector, per tensor
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+# Python operators in dynamo's graph -> the dunder an eager run names them by
+# (``a + b`` is ``Tensor.__add__``; ``2 * a``, whose left operand is no tensor, ``__rmul__``).
+_OPERATORS = {
+    operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "truediv",
+    operator.floordiv: "floordiv", operator.mod: "mod", operator.pow: "pow", operator.matmul: "matmul",
+    operator.and_: "and", operator.or_: "or", operator.xor: "xor", operator.lshift: "lshift",
+    operator.rshift: "rshift", operator.iadd: "iadd", operator.isub: "isub", operator.imul: "imul",
+    operator.itruediv: "itruediv", operator.eq: "eq", operator.ne: "ne", operator.lt: "lt",
+    operator.le: "le", operator.gt: "gt", operator.ge: "ge", operator.neg: "neg",
+    operator.getitem: "getitem", operator.setitem: "setitem", operator.invert: "invert",
+    operator.abs: "abs",
+}
+_REFLECTED = {"add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor"}
+
+
+def _summarise(*tensors):
+    """The in-graph statistics: per tensor (Max, Min, Mean, Norm) in float64, as the
+    eager dump computes them (float32 accumulation for half types, exact for ints)."""
+    parts = []
+    for t in tensors:
+        t = t.detach()
+        if t.dtype.is_floating_point:
+            acc = torch.float32 if t.dtype in _LOW_PRECISION else t.dtype
+            w = t.to(acc)
+        else:
+            w = t.to(torch.float64)
+        parts.append(torch.stack([w.amax(), w.amin(), w.sum() / max(t.numel(), 1),
+                                  torch.linalg.vector_norm(w)]).to(torch.float64))
+    return torch.cat(parts)
+
+
+# ---- what one graph records -------------------------------------------------------------
+@dataclass
+class TensorSlot:
+    """A tensor whose statistics sit at ``index`` (times N_STATS) of the graph's vector."""
+    index: int
+    dtype: str
+    shape: List[int]
+    requires_grad: bool = False
+
+
+@dataclass
+class ApiCall:
+    """One registered call in a forward graph, in graph order."""
+    api: str                  # "Functional.linear"
+    source: str               # dynamo's name of the call (``source_fn_stack``), the backward's key
+    args: List[Any]           # TensorSlot / describe_value form, as the entry writes them
+    kwargs: Dict[str, Any]
+    outputs: List[Any]
+    stack: Optional[str]      # the FX node's stack_trace
+    module: Optional[str]     # innermost nn_module_stack path
+
+
+@dataclass
+class BackwardCall:
+    """One call's gradients in a backward graph: of its outputs (flowing in), of its inputs (out)."""
+    source: str
+    grads_in: List[TensorSlot]
+    grads_out: List[Optional[TensorSlot]]
+
+
+@dataclass
+class GraphPlan:
+    """What one compiled graph's extra outputs mean, and the forward names of its calls
+    still waiting for their backward (a stack: backward runs in reverse order)."""
+    calls: List[ApiCall] = field(default_factory=list)
+    backward: List[BackwardCall] = field(default_factory=list)
+    pending: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
+    frames: Dict[str, list] = field(default_factory=dict)   # call -> its stack.json frames
+    extra: int = 1   # outputs added to the forward graph: the vector, then any tensors
+
+
+# ---- the recorder, owned by a debugger ------------------------------------------------
+class CompiledGraphs:
+    """Turns the extra outputs of instrumented graphs into dump entries.
+
+    ``start()``/``stop()`` follow the debugger's dumping; outside them graphs run with
+    their statistics computed and dropped (a graph is compiled once, instrumented). On
+    the CPU the numbers are read when the graph returns; on an accelerator the vectors
+    wait for the writer's next flush, where they are fetched in one transfer.
+    """
+
+    def __init__(self, collector):
+        self.collector = collector
+        self.entries = collector.entries
+        self.active = False
+        self._waiting: List[Tuple[Any, list]] = []   # (device vector, [(summary, index)])
+        collector.writer.before_flush.append(self.fill)
+
+    def start(self):
+        self.active = True
+
+    def stop(self):
+        self.active = False
+
+    def forward(self, plan: GraphPlan, vector, tensors):
+        """A forward graph ran: name its calls (counters in graph order) and write them."""
+        names = {}
+        collector = self.collector
+        flt = collector.filter
+        fill: list = []
+        for call in plan.calls:
+            n = collector.counters.get(call.api, 0)
+            collector.counters[call.api] = n + 1
+            base = f"{call.api}.{n}"
+            names[call.source] = base
+            if not flt.forward or (not flt.everything and not flt.wants(base)):
+                continue
+            fwd = base + ".forward"
+            entry = ForwardEntry()
+            if flt.inputs:
+                entry.input_args = [self._form(a, fill, tensors, f"{fwd}.input.{i}") for i, a in enumerate(call.args)]
+                entry.input_kwargs = {k: self._form(v, fill, tensors, f"{fwd}.{k}") for k, v in call.kwargs.items()}
+            if flt.outputs:
+                entry.output = [self._form(o, fill, tensors, f"{fwd}.output.{i}") for i, o in enumerate(call.outputs)]
+            collector.writer.add_entry(fwd, entry)
+            collector.stacks.record(fwd, plan.frames[call.source])
+            if collector.construct is not None:
+                collector.construct.tree[fwd] = None
+        self._resolve(vector, fill)
+        return names
+
+    def backward(self, plan: GraphPlan, names, vector, tensors):
+        collector = self.collector
+        flt = collector.filter
+        if not flt.backward:
+            return
+        fill: list = []
+        for call in plan.backward:
+            base = names.get(call.source)
+            if base is None or (not flt.everything and not flt.wants(base, base + ".backward")):
+                continue
+            bwd = base + ".backward"
+            entry = BackwardEntry()
+            if flt.inputs:
+                entry.input = [self._form(g, fill, tensors, f"{bwd}.input.{i}") for i, g in enumerate(call.grads_in)]
+            if flt.outputs:
+                entry.output = [self._form(g, fill, tensors, f"{bwd}.output.{i}") for i, g in enumerate(call.grads_out)]
+            collector.writer.add_entry(bwd, entry)
+        self._resolve(vector, fill)
+
+    def _form(self, slot, fill, tensors, file_stem):
+        """An argument's entry form: a tensor's summary waits in ``fill`` for its numbers."""
+        if isinstance(slot, list):
+            return [self._form(x, fill, tensors, f"{file_stem}.{i}") for i, x in enumerate(slot)]
+        if isinstance(slot, dict) and "type" not in slot:
+            return {k: self._form(x, fill, tensors, f"{file_stem}.{k}") for k, x in slot.items()}
+        if not isinstance(slot, TensorSlot):
+            return slot
+        s = {"type": "torch.Tensor", "dtype": slot.dtype, "shape": list(slot.shape),
+             "Max": None, "Min": None, "Mean": None, "Norm": None, "requires_grad": slot.requires_grad}
+        fill.append((s, slot.index))
+        if tensors:
+            s["data_name"] = self.entries.save(tensors[slot.index], file_stem)
+        return s
+
+    def _resolve(self, vector, fill):
+        if not fill:
+            return
+        if vector.device.type == "cpu":
+            _fill(vector.tolist(), fill)
+        else:
+            self._waiting.append((vector, fill))
+
+    def fill(self):
+        """The writer's ``before_flush``: every waiting vector fetched in one transfer."""
+        waiting, self._waiting = self._waiting, []
+        if not waiting:
+            return
+        with no_function_mode():
+            values = torch.cat([v.to(waiting[0][0].device) for v, _ in waiting]).cpu().tolist()
+        offset = 0
+        for v, fill in waiting:
+            _fill(values[offset:offset + v.numel()], fill)
+            offset += v.numel()
+
+
+def _fill(values, fill):
+    for summary, index in fill:
+        i = index * N_STATS
+        summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = values[i:i + N_STATS]
+
+
+# ---- building a plan: which nodes, which tensors ----------------------------------------
+class _Refused(Exception):
+    """A graph left unhooked, with the reason said once."""
+
+
+def _api_name(node, by_func, dunders, operators=None):
+    """The registry name an eager run gives the call ``node`` records, or None."""
+    target = node.target
+    if operators is not None:
+        node_name = target if node.op == "call_method" else getattr(target, "__name__", None)
+        if node_name in OPERATOR_NODE_NAMES:
+            frame = _user_frame(node.meta.get("stack_trace"))
+            dunder = frame and operators.dunder(node_name, frame[0], frame[1])
+            if dunder:
+                return dunders.get(dunder) or by_func.get(getattr(torch.Tensor, dunder, None))
+    if node.op == "call_method":
+        func = getattr(torch.Tensor, target, None)
+        return None if func is None else by_func.get(func)
+    if node.op != "call_function":
+        return None
+    op = _OPERATORS.get(target)
+    if op is not None:
+        first = node.args[0] if node.args else None
+        tensor_first = isinstance(first, torch.fx.Node) and _is_tensor(first)
+        if op in _REFLECTED and not tensor_first:
+            op = "r" + op
+        elif op == "getitem" and not tensor_first:
+            return None   # unpacking a tuple
+        dunder = f"__{op}__"
+        return dunders.get(dunder) or by_func.get(getattr(torch.Tensor, dunder, None))
+    return by_func.get(target) or _inlined_functional(node, by_func)
+
+
+def _inlined_functional(node, by_func):
+    """``F.pad`` inlined by dynamo leaves ``torch._C._nn.pad`` in the graph: named by the
+    ``torch.nn.functional`` function whose body holds the node, when that is registered."""
+    frames = [f for f in _parse_frames(node.meta.get("stack_trace")) if not is_plumbing(f[0])]
+    if frames and frames[-1][0] == _FUNCTIONAL_FILE:
+        return by_func.get(getattr(torch.nn.functional, frames[-1][2], None))
+    return None
+
+
+def _value(node):
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _is_tensor(node):
+    return isinstance(_value(node), torch.Tensor)
+
+
+def _mutates(node, api):
+    method = api.rsplit(".", 1)[-1]
+    if method.startswith("__i") or method in ("__setitem__",):
+        return True
+    return method.endswith("_") and not method.endswith("__") or "out" in node.kwargs
+
+
+class _PlanBuilder:
+    """Collects the tensors to summarise, in the order their statistics sit in the vector."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.nodes: List[torch.fx.Node] = []   # summarised tensors, in slot order
+
+    def slot(self, node, tensors):
+        value = _value(node)
+        if isinstance(value, torch.Tensor):
+            if any(not isinstance(d, int) for d in value.shape):
+                raise _Refused("dynamic shapes")
+            if value.dtype in _LOW_PRECISION:
+                raise _Refused("float16/bfloat16 values")
+            if value.numel() == 0 or value.is_complex():   # nothing to reduce, as in an eager dump
+                return {"type": "torch.Tensor", "dtype": str(value.dtype), "shape": list(value.shape),
+                        "Max": None, "Min": None, "Mean": None, "Norm": None,
+                        "requires_grad": bool(value.requires_grad)}
+            tensors.append(node)
+            self.nodes.append(node)
+            return TensorSlot(len(self.nodes) - 1, str(value.dtype), list(value.shape), bool(value.requires_grad))
+        if isinstance(value, (int, float, bool)):
+            return describe_value(value)
+        return None
+
+    def form(self, a, tensors):
+        """``a`` (an argument) as its entry writes it, its tensors added to ``tensors``."""
+        if isinstance(a, torch.fx.Node):
+            return self.slot(a, tensors)
+        if isinstance(a, (list, tuple)):
+            return [self.form(x, tensors) for x in a]
+        if isinstance(a, dict):
+            return {k: self.form(x, tensors) for k, x in a.items()}
+        if isinstance(a, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+            return {"type": type(a).__name__, "value": str(a)}
+        return describe_value(a)
+
+
+def _parse_frames(stack_trace):
+    """An FX node's ``stack_trace`` (traceback's text) as (file, line, function, source)
+    frames, outermost first."""
+    frames = []
+    lines = (stack_trace or "").splitlines()
+    for i, text in enumerate(lines):
+        text = text.strip()
+        if not text.startswith('File "'):
+            continue
+        try:
+            file_part, line_part, func_part = text.split(", ", 2)
+            frame = (file_part[6:-1], int(line_part.split()[1]), func_part[3:])
+        except (ValueError, IndexError):
+            continue
+        following = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        frames.append(frame + (None if following.startswith("File ") else following,))
+    return frames
+
+
+def _stack_frames(stack_trace):
+    """stack.json's frames of a graph node, innermost first, probe's own left out."""
+    return [format_frame(*f) for f in reversed(_parse_frames(stack_trace)) if not is_plumbing(f[0])]
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_FUNCTIONAL_FILE = torch.nn.functional.__file__
+
+
+def _user_frame(stack_trace):
+    """(file, line) of the innermost frame outside torch and probe: where the call was written."""
+    for f in reversed(_parse_frames(stack_trace)):
+        if not f[0].startswith(_TORCH_DIR) and not is_plumbing(f[0]):
+            return f[0], f[1]
+    return None
+
+
+def _module_path(node):
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path, _ = list(stack.values())[-1]
+    return path
+
+
+def _check_values(apis):
+    """Raise ``_Refused`` before the graph is touched if any registered call's tensors
+    have dynamic shapes or a half type."""
+    for node, api in apis.items():
+        if api is None:
+            continue
+        for v in _flat([_value(a) for a in node.all_input_nodes] + [_value(node)]):
+            if isinstance(v, torch.Tensor):
+                if any(not isinstance(d, int) for d in v.shape):
+                    raise _Refused("dynamic shapes")
+                if v.dtype in _LOW_PRECISION:
+                    raise _Refused("float16/bfloat16 values")
+
+
+def instrument_forward(gm, by_func, dunders, with_tensors=False):
+    """Add the statistics of every registered call's tensors to ``gm`` as one extra output
+    (and, ``with_tensors``, the tensors themselves, detached, after it).
+
+    Returns the graph's :class:`GraphPlan`, or raises ``_Refused``. Inputs are summarised
+    just before their call (an in-place API overwrites them), outputs just after; a tensor
+    already summarised and not written since is not summarised again.
+    """
+    graph = gm.graph
+    operators = OperatorNames()
+    apis = {node: _api_name(node, by_func, dunders, operators) for node in graph.nodes
+            if node.op in ("call_function", "call_method")}
+    _check_values(apis)
+    plan = GraphPlan()
+    builder = _PlanBuilder(graph)
+    summarised = {}      # node -> TensorSlot, while not written since
+    vectors: List[torch.fx.Node] = []
+    created: List[torch.fx.Node] = []    # getitems of tuple outputs
+    try:
+        _add_statistics(graph, apis, plan, builder, summarised, vectors, created)
+    except BaseException:
+        for n in reversed(vectors + created):   # the graph as it was
+            graph.erase_node(n)
+        raise
+    if not vectors:
+        return None
+    out = graph.output_node()
+    with graph.inserting_before(out):
+        extra = [graph.call_function(torch.cat, (vectors,))]
+        if with_tensors:
+            extra += [graph.call_method("detach", (n,)) for n in builder.nodes]
+    results = out.args[0]
+    results = tuple(results) if isinstance(results, (tuple, list)) else (results,)
+    out.args = (results + tuple(extra),)
+    plan.extra = len(extra)
+    graph.lint()
+    gm.recompile()
+    plan.frames = {c.source: _stack_frames(c.stack) for c in plan.calls}
+    return plan
+
+
+def _add_statistics(graph, apis, plan, builder, summarised, vectors, created):
+    for node in list(graph.nodes):
+        if node.op not in ("call_function", "call_method"):
+            continue
+        api = apis.get(node)
+        if api is None:
+            continue
+        source = node.meta.get("source_fn_stack")
+        key = source[-1][0] if source else node.name
+
+        def form(a, fresh):
+            if isinstance(a, torch.fx.Node) and a in summarised:
+                return summarised[a]
+            out = builder.form(a, fresh)
+            if isinstance(a, torch.fx.Node) and isinstance(out, TensorSlot):
+                summarised[a] = out
+            return out
+
+        before = []
+        args = [form(a, before) for a in node.args]
+        kwargs = {k: form(v, before) for k, v in node.kwargs.items() if k != "out"}
+        if before:
+            with graph.inserting_before(node):
+                vectors.append(graph.call_function(_summarise, tuple(before)))
+        if _mutates(node, api):
+            for a in node.args[:1]:
+                summarised.pop(a, None)
+        value = _value(node)
+        after = []
+        last = node
+        if isinstance(value, (tuple, list)):
+            outputs = []
+            for i, v in enumerate(value):
+                with graph.inserting_after(last):
+                    last = graph.call_function(operator.getitem, (node, i))
+                created.append(last)
+                last.meta["example_value"] = v
+                outputs.append(builder.form(last, after))
+        else:
+            outputs = [form(node, after)]
+        if after:
+            with graph.inserting_after(last):
+                vectors.append(graph.call_function(_summarise, tuple(after)))
+        plan.calls.append(ApiCall(api, key, args, kwargs, outputs,
+                                  node.meta.get("stack_trace"), _module_path(node)))
+
+
+# ---- backward: gradients of each call, from AOT's backward graph ------------------------
+def _fwd_source(node):
+    stack = node.meta.get("fwd_source_fn_stack")
+    return stack[-1][0] if stack else None
+
+
+def _is_grad_value(node, group_source):
+    """May ``node`` hold a gradient flowing into the backward of ``group_source``?"""
+    if node.op == "placeholder":
+        return node.name.startswith("tangents")
+    if node.op != "call_function" or node.meta.get("source_fn_stack"):
+        return False   # a forward value recomputed in the backward graph
+    return _fwd_source(node) != group_source
+
+
+def _numel(node):
+    v = node.meta.get("val")
+    return v.numel() if isinstance(v, torch.Tensor) else 0
+
+
+def _shape(node):
+    v = node.meta.get("val")
+    return list(v.shape) if isinstance(v, torch.Tensor) else None
+
+
+def instrument_backward(gm, plan: GraphPlan, with_tensors=False):
+    """Add the statistics of each planned call's gradients to AOT's backward graph ``gm``.
+
+    A call's backward nodes are those tagged with its source. What flows into them from
+    outside (a tangent, another call's gradient) and has the shape of one of the call's
+    outputs is the gradient of that output; what they hand on and has the shape of one of
+    its tensor inputs is that input's gradient (inputs of equal shape are taken in order).
+    """
+    graph = gm.graph
+    by_source = collections.defaultdict(list)
+    for node in graph.nodes:
+        src = _fwd_source(node)
+        if src is not None and node.op == "call_function" and not node.meta.get("source_fn_stack"):
+            by_source[src].append(node)
+    if not by_source:
+        return None
+    tensors = []
+    backward = []
+    index = {}
+    out_node = graph.output_node()
+
+    def slot(node):
+        if node not in index:
+            v = node.meta["val"]
+            index[node] = TensorSlot(len(tensors), str(v.dtype), list(v.shape))
+            tensors.append(node)
+        return index[node]
+
+    for call in plan.calls:
+        group = by_source.get(call.source)
+        if not group:
+            continue
+        members = set(group)
+        out_shapes = [o.shape if isinstance(o, TensorSlot) else None for o in call.outputs]
+        in_slots = [a for a in _flat(call.args) + _flat(list(call.kwargs.values())) if isinstance(a, TensorSlot)]
+        flowing_in = []
+        for n in group:
+            for a in n.all_input_nodes:
+                if a not in members and a not in flowing_in and _is_grad_value(a, call.source) and _numel(a) \
+                        and _shape(a) in out_shapes:
+                    flowing_in.append(a)
+        handed_on = [n for n in group if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].numel()
+                     and any(u not in members or u is out_node for u in n.users)]
+        grads_out: List[Optional[TensorSlot]] = []
+        free = list(handed_on)
+        for s in in_slots:
+            match = next((n for n in free if _shape(n) == s.shape), None)
+            if match is not None:
+                free.remove(match)
+            grads_out.append(None if match is None else slot(match))
+        ordered_in = sorted(flowing_in, key=lambda a: out_shapes.index(_shape(a)))
+        backward.append(BackwardCall(call.source, [slot(a) for a in ordered_in], grads_out))
+    if not tensors:
+        return None
+    vector = _graph_copy_summarise(graph, tensors, before=out_node)
+    results = out_node.args[0]
+    out_node.args = ((*results, vector, *(tensors if with_tensors else ())),)
+    graph.lint()
+    gm.recompile()
+    return backward
+
+
+def _flat(items):
+    flat = []
+    for x in items:
+        if isinstance(x, (list, tuple)):
+            flat.extend(_flat(x))
+        elif isinstance(x, dict):
+            flat.extend(_flat(list(x.values())))
+        else:
+            flat.append(x)
+    return flat
+
+
+def _graph_copy_summarise(graph, nodes, before):
+    """``_summarise`` over ``nodes`` traced to aten ops (with their fake values, as the
+    lowering needs) and copied into ``graph`` before ``before``."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+    vals = [n.meta["val"] for n in nodes]
+    fake_mode = torch._guards.detect_fake_mode(vals)
+    ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    with ctx:
+        sub = make_fx(_summarise, decomposition_table=select_decomp_table())(*vals)
+    env = {}
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    for p, n in zip(placeholders, nodes):
+        env[p] = n
+    result = None
+    copied = []
+    try:
+        with graph.inserting_before(before):
+            for n in sub.graph.nodes:
+                if n.op == "placeholder":
+                    continue
+                if n.op == "output":
+                    result = env[n.args[0]]
+                    break
+                env[n] = graph.node_copy(n, lambda x: env[x])
+                copied.append(env[n])
+    except BaseException:
+        for n in reversed(copied):
+            graph.erase_node(n)
+        raise
+    return result
+
+
+# ---- the compile entry point ------------------------------------------------------------
+class _Stripped:
+    """A compiled graph's callable with probe's outputs (the last ``extra``) taken off."""
+
+    def __init__(self, compiled, extra, on_outputs):
+        self.compiled = compiled
+        self.extra = extra
+        self.on_outputs = on_outputs
+        self._boxed_call = getattr(compiled, "_boxed_call", False)
+
+    def __call__(self, *args):
+        with no_function_mode():   # the graph's own extern calls are no API calls of the user's
+            outs = self.compiled(*args)
+        cut = len(outs) - self.extra
+        try:
+            self.on_outputs(outs[cut], list(outs[cut + 1:]))
+        except Exception as exc:   # never into the training step
+            _said.warning("record", "probe: recording a compiled graph failed (%s: %s); training goes on",
+                          type(exc).__name__, exc)
+        results = outs[:cut]
+        return tuple(results) if isinstance(outs, tuple) else list(results)
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+
+_inside = threading.local()
+
+
+class CompileHook:
+    """Routes inductor's compiles through the instrumentation while installed.
+
+    ``torch.compile(model)`` looks ``torch._inductor.compile_fx.compile_fx`` up at each
+    compile, so a model compiled before the debugger was built (but first called after)
+    is instrumented too. ``install()`` at the debugger's construction, ``uninstall()`` at
+    its close; each compile is said in the log at DEBUG.
+    """
+
+    def __init__(self, recorder: CompiledGraphs, by_func, dunders, with_tensors=False):
+        self.recorder = recorder
+        self.with_tensors = with_tensors
+        self.by_func = by_func
+        self.dunders = dunders
+        self._original: Optional[Callable] = None
+
+    def install(self):
+        if not SUPPORTED:
+            _said.info("version", "probe: torch %s has no backward metadata in compiled graphs (2.5+): "
+                       "a torch.compile'd model is dumped only where it runs eagerly", torch.__version__)
+            return
+        import torch._inductor.compile_fx as cfx
+        if self._original is None:
+            self._original = cfx.compile_fx
+            cfx.compile_fx = self.compile
+
+    def uninstall(self):
+        if self._original is None:
+            return
+        import torch._inductor.compile_fx as cfx
+        if cfx.compile_fx == self.compile:
+            cfx.compile_fx = self._original
+        self._original = None
+
+    def compile(self, gm, example_inputs, *args, **kwargs):
+        original = self._original
+        if original is None or getattr(_inside, "on", False) or not isinstance(gm, torch.fx.GraphModule):
+            return (original or _compile_fx())(gm, example_inputs, *args, **kwargs)
+        reason = _refusal(kwargs.get("config_patches") or {})
+        plan = None
+        if reason is None:
+            try:
+                plan = instrument_forward(gm, self.by_func, self.dunders, self.with_tensors)
+            except _Refused as exc:
+                reason = str(exc)
+            except Exception as exc:   # probe's bug: the graph compiles as it was
+                _said.warning("instrument", "probe: instrumenting a compiled graph failed (%s: %s); its APIs "
+                              "are not dumped", type(exc).__name__, exc)
+        if plan is None:
+            if reason is not None:
+                _said.warning(reason, "probe: a compiled graph with %s is not instrumented: its APIs are not "
+                              "dumped (%s)", reason, _WHY.get(reason, ""))
+            return original(gm, example_inputs, *args, **kwargs)
+        kwargs["inner_compile"] = self._inner(kwargs.get("inner_compile"), plan)
+        _inside.on = True
+        try:
+            with torch._functorch.config.patch(enable_autograd_cache=False):   # its hits skip inner_compile
+                compiled = original(gm, example_inputs, *args, **kwargs)
+        finally:
+            _inside.on = False
+        return _Stripped(compiled, plan.extra, lambda vector, tensors: self._forward_ran(plan, vector, tensors))
+
+    def _forward_ran(self, plan, vector, tensors):
+        recorder = self.recorder
+        names = recorder.forward(plan, vector, tensors) if recorder.active else None
+        if torch.is_grad_enabled():
+            plan.pending.append(names)
+
+    def _inner(self, inner, plan):
+        if inner is None:
+            from torch._inductor.compile_fx import compile_fx_inner as inner
+
+        def compile_inner(gm, example_inputs, **kw):
+            if not kw.get("is_backward"):
+                return inner(gm, example_inputs, **kw)
+            try:
+                calls = instrument_backward(gm, plan, self.with_tensors)
+            except Exception as exc:
+                _said.warning("instrument-bw", "probe: instrumenting a backward graph failed (%s: %s); its "
+                              "gradients are not dumped", type(exc).__name__, exc)
+                calls = None
+            compiled = inner(gm, example_inputs, **kw)
+            if not calls:
+                return compiled
+            plan.backward = calls
+            extra = 1 + (len({s.index for c in calls for s in c.grads_in + c.grads_out if s is not None})
+                         if self.with_tensors else 0)
+            return _Stripped(compiled, extra, lambda vector, tensors: self._backward_ran(plan, vector, tensors))
+        return compile_inner
+
+    def _backward_ran(self, plan, vector, tensors):
+        names = plan.pending.pop() if plan.pending else None
+        if names is not None and self.recorder.active:
+            self.recorder.backward(plan, names, vector, tensors)
+
+
+_WHY = {
+    "CUDA graphs": "their outputs are overwritten at the next replay",
+    "float16/bfloat16 values": "a statistic would make inductor store an intermediate it keeps in float32 "
+                               "inside a fused kernel, changing the model's numbers",
+    "dynamic shapes": "shapes are known only at run time",
+}
+
+
+def _refusal(config_patches):
+    from torch._inductor import config
+    if config_patches.get("triton.cudagraphs") or config.triton.cudagraphs:
+        return "CUDA graphs"
+    return None
+
+
+def _compile_fx():
+    from torch._inductor.compile_fx import compile_fx
+    return compile_fx
