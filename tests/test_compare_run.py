@@ -86,7 +86,14 @@ def test_kernel_fault_on_one_rank_is_named_with_its_step_and_rank(runs, tmp_path
     assert _cell(s, 1, 1)["verdict"] == "introduces"
     assert _cell(s, 1, 0)["verdict"] == "inherits"        # error came through the all_reduce
     assert all(_cell(s, 2, r)["verdict"] != "introduces" for r in (0, 1))
-    # the log gives the answer; stdout lists the files, the run workbook among them
+    # the log gives the answer, first what to open: the run's page; stdout lists the files,
+    # the run workbook among them
+    first = said.splitlines()[0]
+    assert first.startswith("[probe compare] open ") and os.path.join(out, "compare_run.html") in first, first
+    # the folder's compare_report.html is the run's page, not the last pair's
+    with open(os.path.join(out, "compare_run.html"), encoding="utf-8") as a, \
+            open(os.path.join(out, "compare_report.html"), encoding="utf-8") as b:
+        assert a.read() == b.read()
     assert "[probe compare] first divergence: Functional.gelu.0.forward (forward) at step 1, rank 1" in said
     assert "first divergence" not in stdout
     files = stdout.split()

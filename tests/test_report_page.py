@@ -209,6 +209,53 @@ def test_page_names_the_culprit_and_links_tree_chart_table(report, browser, tmp_
     assert shot.stat().st_size > 10_000
 
 
+_CUT_CELLS = """return [...document.querySelectorAll('#thead div, #spacer .tr div')]
+    .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent)"""
+
+
+def test_page_table_shows_whole_names_and_numbers_in_a_tall_table(report, browser):
+    _open(browser, report["html"])
+    from selenium.webdriver.common.by import By
+    # first line: what to open next (the culprit is selected below; the workbook beside the page)
+    first = browser.find_element(By.ID, "next")
+    assert browser.execute_script("return document.body.firstElementChild.id") == "next"
+    assert CULPRIT in first.text and os.path.basename(report["xlsx"]) in first.text
+    # no cell is cut, whatever row is in view: names (input.0 vs input.1 vs keywords) and metrics
+    n = browser.execute_script("return state.view.length")
+    box_h = browser.execute_script("return document.getElementById('tbl').clientHeight")
+    for top in range(0, n * 22, max(22, box_h - 66)):
+        browser.execute_script("document.getElementById('tbl').scrollTop = arguments[0]; renderRows(true)", top)
+        assert browser.execute_script(_CUT_CELLS) == [], top
+    browser.execute_script("document.getElementById('tbl').scrollTop = 0; renderRows(true)")
+    names = browser.execute_script("return Array.from({length: NR}, (_, i) => rowName(i))")
+    assert any(".input.1" in x for x in names) and max(map(len, names)) > 45
+    # one scroller, the table, in the window: its scrollbars at its own edges (not two stacked
+    # horizontal ones); scrolled to its end it shows the last metric column whole
+    geo = browser.execute_script("""const t = document.getElementById('tbl'), b = document.getElementById('tbody');
+        t.scrollLeft = t.scrollWidth;
+        const last = document.querySelector('#thead div:last-child').getBoundingClientRect(), box = t.getBoundingClientRect();
+        const r = [getComputedStyle(b).overflowX, getComputedStyle(b).overflowY, Math.round(last.right),
+                   Math.round(box.left + t.clientLeft + t.clientWidth), Math.round(box.right), window.innerWidth];
+        t.scrollLeft = 0;
+        return r""")
+    assert geo[:2] == ["visible", "visible"] and geo[2] <= geo[3] + 1 and geo[4] <= geo[5], geo
+    # the header's columns sit over the body's
+    lefts = browser.execute_script("""return [[...document.querySelectorAll('#thead div')].map(e => Math.round(e.getBoundingClientRect().left)),
+        [...document.querySelector('#spacer .tr').children].map(e => Math.round(e.getBoundingClientRect().left))]""")
+    assert lefts[0] == lefts[1]
+    # the table fills the window when scrolled to, with nothing below it
+    geo = browser.execute_script("""const p = document.getElementById('rowspanel').getBoundingClientRect();
+        return [document.getElementById('tbl').clientHeight, window.innerHeight,
+                document.documentElement.scrollHeight - (p.bottom + window.scrollY)]""")
+    assert geo[0] >= geo[1] - 200 and geo[2] < 40, geo
+    # dtypes as dtypes: a Python scalar's is "int", not "<class 'int'>"
+    dtypes = browser.execute_script("return H.dtypes")
+    assert not any("<class" in str(d) for d in dtypes) and "int" in dtypes, dtypes
+    # a number that rounds to 1 at 4 digits is not shown as 1
+    assert browser.execute_script("return [fmt(0.99999), fmt(1), fmt(0.5)]") == ["0.99999", "1", "0.5"]
+    assert _errors(browser) == []
+
+
 def test_run_page_grid_links_each_pair(report, browser, tmp_path):
     run = {"schema": "probe.run_summary/1", "npu_root": "npu", "bench_root": "bench",
            "first_divergence": {"name": CULPRIT, "step": 0, "rank": 1, "direction": "forward",
@@ -229,6 +276,10 @@ def test_run_page_grid_links_each_pair(report, browser, tmp_path):
     href = cells[1].find_element(By.TAG_NAME, "a").get_attribute("href")
     assert href.startswith("file://") and os.path.samefile(href[len("file://"):], report["html"])
     assert CULPRIT in browser.find_element(By.ID, "culprit").text
+    # first line: what to open next, the first divergence's pair page
+    assert browser.execute_script("return document.body.firstElementChild.id") == "next"
+    nxt = browser.find_element(By.ID, "nextlink").get_attribute("href")
+    assert os.path.samefile(nxt[len("file://"):], report["html"])
 
 
 def test_run_page_refuses_a_bad_summary(tmp_path):
@@ -255,6 +306,8 @@ def test_demo_injects_a_kernel_fault_and_names_it(tmp_path, capsys, caplog):
     said = [r.getMessage() for r in caplog.records if r.name == "probe.compare.api"]   # compare's answer
     verdict = [line for line in said if "verdict:" in line]
     assert len(verdict) == 1 and FAULT_CALL in verdict[0]
+    # the first line says what to open next: the page, and the workbook for every column
+    assert said[0] == f"[probe compare] open {paths[2]} (the page; every column: {paths[0]})", said[0]
     # the culprit's line is the demo model's own F.gelu call, not the training loop's model(tokens)
     gelu_line = _line_of(DemoBlock.forward, "F.gelu(")
     assert f"demo.py:{gelu_line} in forward" in verdict[0], verdict[0]

@@ -61,9 +61,11 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
         from .report import console_summary
         console_log.show_info()
         result = pr.result
+        first, *rest = console_summary(result, pr.summary, pr.paths)
+        log.info("[probe compare] %s", first)           # what to open next, first
         for note in result.notes:
             log.info("[probe compare] %s", note)
-        for line in console_summary(result, pr.summary, pr.paths):
+        for line in rest:
             log.info("[probe compare] %s", line)
     return pr.paths
 
@@ -90,6 +92,10 @@ def compare_distributed(npu_dir: str, bench_dir: str, output_path: str, *,
                       scheduler=scheduler, processes=processes, **kwargs)
     if verbose:
         console_log.show_info()
+        page = next((p for p in run.paths if os.path.basename(p) == "compare_run.html"), None)
+        book = next((p for p in run.paths if os.path.basename(p).startswith("compare_run_")), None)
+        log.info("[probe compare] open %s", f"{page} (the run's page; the grid links each pair's page)"
+                 if page else f"{book} (the run's workbook)")
         for line in answer_lines(run.summary):
             log.info("[probe compare] %s", line)
     return run.paths

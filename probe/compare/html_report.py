@@ -177,8 +177,24 @@ def _reason(rec) -> str:
             "introduced error: look at unmatched calls before it, the weights or the input data.")
 
 
-def page_data(result, diag, digest) -> str:
-    """The page's data as JSON text (safe inside a <script> block)."""
+_PY_TYPE = re.compile(r"^<class '(?:builtins\.)?([\w.]+)'>$")
+
+
+def _dtype_label(dtype) -> str | None:
+    """A dtype as the page shows it: ``<class 'int'>`` (msprobe's dtype of a Python
+    scalar, kept in the xlsx) as ``int``, ``torch.bfloat16`` as ``bfloat16``."""
+    if dtype is None:
+        return None
+    text = str(dtype)
+    m = _PY_TYPE.match(text)
+    if m:
+        return m.group(1)
+    return text[len("torch."):] if text.startswith("torch.") else text
+
+
+def page_data(result, diag, digest, files: dict | None = None) -> str:
+    """The page's data as JSON text (safe inside a <script> block). ``files``: the names of
+    the pair's other outputs in the page's folder ({"xlsx": ..., "json": ...})."""
     cols = result.columns
     calls = diag.calls if diag is not None else []
     n = result.n_rows
@@ -198,7 +214,7 @@ def page_data(result, diag, digest) -> str:
         else:
             base = npu_entry[c] if c >= 0 else None
         x[i] = suffix(name[len(base):] if base and name.startswith(base) else name)
-    dtypes, dt = _codes([a if a is not None else b for a, b in zip(cols["NPU Dtype"], cols["Bench Dtype"])])
+    dtypes, dt = _codes([_dtype_label(a if a is not None else b) for a, b in zip(cols["NPU Dtype"], cols["Bench Dtype"])])
     shapes, sh = _codes([str(a if a is not None else b) for a, b in
                          zip(cols["NPU Tensor Shape"], cols["Bench Tensor Shape"])])
     results, res = _codes(cols["Result"])
@@ -220,7 +236,7 @@ def page_data(result, diag, digest) -> str:
             "verdict": _verdict(result, digest, calls),
             "status": STATUS, "results": results, "dirs": dirs, "suffix": suffix.items,
             "dtypes": dtypes, "shapes": shapes, "metrics": metrics,
-            "groups": gpaths, "group_kind": gkind},
+            "groups": gpaths, "group_kind": gkind, "files": files or {}},
         "calls": {
             "n": [u.npu_entry or u.bench_entry or "" for u in calls],
             "b": [u.bench_entry if u.bench_entry and u.bench_entry != u.npu_entry else 0 for u in calls],
@@ -234,7 +250,7 @@ def page_data(result, diag, digest) -> str:
             "c": _b64(row_call, "i4"), "x": _small(x), "k": _b64(side, "u1"), "r": _small(res),
             "dir": _small(rd), "dt": _small(dt), "sh": _small(sh),
             "m": [[None if v is None else str(v) for v in cols[m]] if result.mode == "md5"
-                  else _b64(cols[m], "f4") for m in metrics]},
+                  else _b64(cols[m], "f8" if m == "Cosine" else "f4") for m in metrics]},   # f4 rounds 1 - 3e-8 to 1
     }
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
 
@@ -249,10 +265,12 @@ def _fill(template: str, title: str, data: str) -> str:
     return head + data + rest
 
 
-def write_page(result, diag, digest, path: str) -> str:
-    """Write the compare page of one pair to ``path``; return the path."""
+def write_page(result, diag, digest, path: str, files: dict | None = None) -> str:
+    """Write the compare page of one pair to ``path``; return the path. ``files``: the
+    pair's other outputs ({"xlsx": path, "json": path}), named on the page's first line."""
     title = "probe compare: " + os.path.basename(result.npu.json_path if result.npu else "")
-    page = _fill(_asset("compare_page.html"), title, page_data(result, diag, digest))
+    names = {k: os.path.basename(v) for k, v in (files or {}).items() if v}
+    page = _fill(_asset("compare_page.html"), title, page_data(result, diag, digest, names))
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(page)

@@ -311,7 +311,8 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
             progress.set_description("compare: writing page", refresh=False)
             progress.update(0)
         page = os.path.join(d, base.replace("compare_result", "compare_report", 1) + ".html")
-        write_page(result, diag, digest, page)
+        json_name = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
+        write_page(result, diag, digest, page, {"xlsx": xlsx_path, "json": json_name if digest is not None else None})
         paths.append(page)
         _latest(page, os.path.join(d, "compare_report.html"))
     if digest is not None:
@@ -335,9 +336,12 @@ def _latest(path: str, fixed: str) -> None:
 
 
 def console_summary(result: CompareResult, digest: dict | None, paths: list) -> list:
-    """The few lines the CLI prints: row counts, the verdict, where the report is."""
+    """The few lines the CLI prints: what to open next, row counts, the verdict."""
     counts = Counter(result.columns["Result"])
-    lines = [f"{result.mode} mode, {result.n_rows} rows: "
+    page = next((p for p in paths if p.endswith(".html")), None)
+    book = next((p for p in paths if p.endswith(".xlsx")), None)
+    lines = [f"open {page} (the page; every column: {book})" if page and book else f"open {page or book or paths[0]}"]
+    lines += [f"{result.mode} mode, {result.n_rows} rows: "
              + ", ".join(f"{k} {counts.get(k, 0)}" for k in ("pass", "warning", "error"))]
     if digest is not None:
         fd = digest["first_divergence"]
@@ -356,6 +360,4 @@ def console_summary(result: CompareResult, digest: dict | None, paths: list) -> 
         state = digest.get("state")
         if state and state.get("differ"):
             lines.append(state["text"])
-    page = next((p for p in paths if p.endswith(".html")), None)
-    lines.append(f"report: {page or paths[0]}")
     return lines
