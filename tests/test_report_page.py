@@ -240,8 +240,9 @@ def test_page_table_shows_whole_names_and_numbers_in_a_tall_table(report, browse
         return r""")
     assert geo[:2] == ["visible", "visible"] and geo[2] <= geo[3] + 1 and geo[4] <= geo[5], geo
     # the header's columns sit over the body's
-    lefts = browser.execute_script("""return [[...document.querySelectorAll('#thead div')].map(e => Math.round(e.getBoundingClientRect().left)),
-        [...document.querySelector('#spacer .tr').children].map(e => Math.round(e.getBoundingClientRect().left))]""")
+    lefts = browser.execute_script("""const left = e => Math.round(e.getBoundingClientRect().left);
+        return [[...document.querySelectorAll('#thead div')].map(left),
+                [...document.querySelector('#spacer .tr').children].map(left)]""")
     assert lefts[0] == lefts[1]
     # the table fills the window when scrolled to, with nothing below it
     geo = browser.execute_script("""const p = document.getElementById('rowspanel').getBoundingClientRect();
