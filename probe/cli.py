@@ -8,6 +8,14 @@ import argparse
 import importlib
 import sys
 
+from probe.errors import ConfigError
+
+# What a command raises for a user's mistake: a ConfigError (ValueError's subclass that
+# names the bad value), or a file or folder that is missing, already there, of the wrong kind
+# or unreadable.
+INPUT_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+                PermissionError)
+
 # name -> (module, one-line help)
 COMMANDS = {
     "init": ("probe.init_config", "write an editable config.json and support_wrap_ops.yaml"),
@@ -55,8 +63,9 @@ def main(argv=None):
     args = parser.parse_args(argv[1:])
     try:
         return int(module.run(args) or 0)
-    except (ValueError, OSError) as exc:
-        # Bad input: one clear line, no traceback.
+    except INPUT_ERRORS as exc:
+        # The user's mistake (a bad option, config or input file, a path that is not there):
+        # one clear line, no traceback. Anything else is probe's own bug and keeps its traceback.
         print(f"probe {name}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -7,6 +7,8 @@ included), check and help everywhere. Standard library only: ``--help`` imports 
 """
 import re
 
+from probe.errors import ConfigError
+
 _DEVICE = re.compile(r"^(cpu|cuda|npu)(:\d+)?$")
 
 
@@ -35,15 +37,15 @@ def require_device(value):
     import torch
     kind = value.split(":", 1)[0]
     if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {value}: no CUDA device available")
+        raise ConfigError(f"--device {value}: no CUDA device available")
     if kind == "npu":
         try:
             import torch_npu  # noqa: F401 - registers torch.npu and the device type
         except ImportError:
-            raise ValueError(f"--device {value}: torch_npu is not installed") from None
+            raise ConfigError(f"--device {value}: torch_npu is not installed") from None
         npu = getattr(torch, "npu", None)
         if npu is None or not npu.is_available():
-            raise ValueError(f"--device {value}: no NPU available")
+            raise ConfigError(f"--device {value}: no NPU available")
 
 
 def add_output_option(parser, default=None, dest="output", help="output path"):

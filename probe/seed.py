@@ -2,6 +2,8 @@
 import os
 import random
 
+from probe.errors import ConfigError
+
 
 def seed_all(seed=1234, mode=False, rm_dropout=False):
     """Seed Python, numpy and torch (CPU, CUDA, NPU); ``mode=True`` also asks for
@@ -10,7 +12,7 @@ def seed_all(seed=1234, mode=False, rm_dropout=False):
     ``rm_dropout`` is accepted for msprobe compatibility and ignored (dropout is left as is).
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
-        raise ValueError(f"seed_all: seed must be an int in [0, 2**32), got {seed!r}")
+        raise ConfigError(f"seed_all: seed must be an int in [0, 2**32), got {seed!r}")
     import numpy as np
     import torch
 

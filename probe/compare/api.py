@@ -8,6 +8,7 @@ import os
 from probe import console_log
 
 from .pair_job import compare_pair
+from probe.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +37,12 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     (default True) logs the answer at INFO, shown on stderr where logging is not configured.
     """
     if not isinstance(dump_result_param, dict):
-        raise ValueError("dump_result_param must be a dict with npu_json_path and bench_json_path")
+        raise ConfigError("dump_result_param must be a dict with npu_json_path and bench_json_path")
     npu = _param(dump_result_param, "npu_json_path", "npu_path")
     bench = _param(dump_result_param, "bench_json_path", "bench_path")
     stack = _param(dump_result_param, "stack_json_path", "stack_path")
     if not npu or not bench:
-        raise ValueError("dump_result_param needs npu_json_path and bench_json_path")
+        raise ConfigError("dump_result_param needs npu_json_path and bench_json_path")
     for p in (npu, bench):
         if not os.path.isfile(p):
             raise FileNotFoundError(f"dump.json not found: {p}")

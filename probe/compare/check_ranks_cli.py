@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from probe.errors import ConfigError
 
 
 def add_arguments(parser) -> None:
@@ -22,7 +23,7 @@ def run(args) -> int:
     if not os.path.exists(args.root):
         raise FileNotFoundError(f"no such dump root: {args.root}")
     if args.rtol < 0:
-        raise ValueError(f"--rtol must be >= 0, got {args.rtol}")
+        raise ConfigError(f"--rtol must be >= 0, got {args.rtol}")
     report = check_ranks(args.root, rtol=args.rtol)
     for line in report.lines():
         print(line)

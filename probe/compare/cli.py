@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from probe.errors import ConfigError
 
 DEFAULT_OUTPUT = os.path.join(".", "compare_out")
 
@@ -49,11 +50,11 @@ def _run(args) -> int:
     from .api import compare, compare_distributed
     if args.input_path and (args.npu or args.bench):
         given = " and ".join(f"--{k} {v}" for k, v in (("npu", args.npu), ("bench", args.bench)) if v)
-        raise ValueError(f"-i {args.input_path} and {given} both name the dumps: give -i compare.json, "
+        raise ConfigError(f"-i {args.input_path} and {given} both name the dumps: give -i compare.json, "
                          "or --npu PATH and --bench PATH, not both")
     if not args.input_path and bool(args.npu) != bool(args.bench):
         missing = "--bench" if args.npu else "--npu"
-        raise ValueError(f"{missing} PATH is missing: give --npu PATH and --bench PATH, or -i compare.json")
+        raise ConfigError(f"{missing} PATH is missing: give --npu PATH and --bench PATH, or -i compare.json")
     defaulted = args.output_path is None
     if defaulted:
         args.output_path = DEFAULT_OUTPUT
@@ -70,7 +71,7 @@ def _run(args) -> int:
             with open(args.input_path, encoding="utf-8") as fh:
                 param = json.load(fh)
         except ValueError as exc:
-            raise ValueError(f"{args.input_path} is not valid JSON: {exc}") from None
+            raise ConfigError(f"{args.input_path} is not valid JSON: {exc}") from None
         npu = param.get("npu_json_path") or param.get("npu_path")
         bench = param.get("bench_json_path") or param.get("bench_path")
         if npu and bench and os.path.isdir(npu) and os.path.isdir(bench):
@@ -90,7 +91,7 @@ def _run(args) -> int:
             if bench2:
                 b2 = find_dumps(bench2)
                 if len(b2) != 1:
-                    raise ValueError(f"--bench2 {bench2}: one dump expected for one pair, found {len(b2)}")
+                    raise ConfigError(f"--bench2 {bench2}: one dump expected for one pair, found {len(b2)}")
                 bench2 = next(iter(b2.values()))
             paths = compare({"npu_json_path": next(iter(npu.values())),
                              "bench_json_path": next(iter(bench.values())),
@@ -99,7 +100,7 @@ def _run(args) -> int:
         else:
             paths = compare_distributed(args.npu, args.bench, args.output_path, **run_kw)
     else:
-        raise ValueError("give -i compare.json, or --npu PATH and --bench PATH")
+        raise ConfigError("give -i compare.json, or --npu PATH and --bench PATH")
     for p in paths:
         print(p)
     print(f"probe compare: wrote {len(paths)} files to {os.path.abspath(args.output_path)}"

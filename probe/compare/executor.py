@@ -20,6 +20,7 @@ import os
 import sys
 import types
 from concurrent.futures import as_completed
+from probe.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def local_processes(n_jobs: int, processes: int | None = None) -> int:
     """Worker processes for ``n_jobs`` pairs: one per pair, at most one per core."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if processes is not None and processes < 1:
-        raise ValueError(f"processes must be >= 1, got {processes}")
+        raise ConfigError(f"processes must be >= 1, got {processes}")
     return max(1, min(n_jobs, processes or cores))
 
 

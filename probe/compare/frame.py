@@ -15,6 +15,7 @@ import math
 import os
 
 from probe.vocabulary import BASE_COLUMNS, BOOLEAN_COLUMNS, MD5_COLUMNS, NUMBER_COLUMNS
+from probe.errors import ConfigError
 CATEGORIES = ["Result", "Direction", "Tolerance Dtype", "Match"]
 
 
@@ -34,10 +35,10 @@ def read_results(path: str):
     if os.path.isdir(path):
         found = sorted(glob.glob(os.path.join(path, "compare_result_*.csv")), key=os.path.getmtime)
         if not found:
-            raise ValueError(f"{path}: no compare_result_*.csv in this folder")
+            raise ConfigError(f"{path}: no compare_result_*.csv in this folder")
         path = found[-1]
     if not path.endswith(".csv") or not os.path.isfile(path):
-        raise ValueError(f"{path}: not a compare_result_*.csv file")
+        raise ConfigError(f"{path}: not a compare_result_*.csv file")
     df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
     for col in df.columns:
         if col in NUMBER_COLUMNS:   # Python's float(): correctly rounded for any spelling ("0.0000109...")

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 import orjson
+from probe.errors import ConfigError
 
 _CHUNK = 1 << 22
 WHOLE_FILE_BYTES = 256 << 20    # parsed whole: ~6x its size in objects while entries are handed out
@@ -124,7 +125,7 @@ def read_dump(path: str, meta: DumpMeta | None = None):
     with open(path, "r", encoding="utf-8") as fh:
         buf = _Buffer(fh)
         if buf.skip_ws() != "{":
-            raise ValueError(f"not a dump.json (no JSON object): {path}")
+            raise ConfigError(f"not a dump.json (no JSON object): {path}")
         buf.pos += 1
         try:
             while True:

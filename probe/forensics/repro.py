@@ -56,13 +56,13 @@ def api_expr(api):
     """Python expression of the callable an entry names, for the script."""
     prefix, _, rest = api.partition(".")
     if prefix == "Distributed":
-        raise ValueError(f"{api}: a distributed API needs its process group; a one-process repro cannot rerun it")
+        raise ConfigError(f"{api}: a distributed API needs its process group; a one-process repro cannot rerun it")
     if prefix == "Custom":
         ns, _, op = rest.partition(".")
         return f"torch.ops.{ns}.{op}"
     fmt = _PREFIX_EXPR.get(prefix)
     if fmt is None or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", rest):
-        raise ValueError(f"{api}: unknown API prefix {prefix!r} (known: {', '.join(_PREFIX_EXPR)}, Custom)")
+        raise ConfigError(f"{api}: unknown API prefix {prefix!r} (known: {', '.join(_PREFIX_EXPR)}, Custom)")
     return fmt.format(rest)
 
 
@@ -83,7 +83,7 @@ def find_entry(dump_dir, entry_name):
                 break
         if fwd is not None or bwd is not None:
             return path, fwd, bwd
-    raise ValueError(f"{base} is not in any dump.json under {dump_dir}")
+    raise ConfigError(f"{base} is not in any dump.json under {dump_dir}")
 
 
 def _torch_dtype(name):
@@ -108,9 +108,9 @@ def load_tensor(data_dir, desc):
     elif path.endswith(".pt"):
         t = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} does not hold a tensor")
+            raise ConfigError(f"{name} does not hold a tensor")
     else:
-        raise ValueError(f"unknown tensor file type: {name}")
+        raise ConfigError(f"unknown tensor file type: {name}")
     t = t.detach()
     dtype = _torch_dtype(desc.get("dtype"))
     if dtype is not None and t.dtype != dtype:
@@ -240,16 +240,16 @@ def generate(dump_dir, api, device="cpu", output=None):
     inputs go to the same path with ``.pt``. Returns the script path.
     """
     if not re.fullmatch(rf"({'|'.join(DEVICES)})(:\d+)?", device):   # npu:1, as --device takes
-        raise ValueError(f"device must be one of {', '.join(DEVICES)} (:N for one of several), got {device!r}")
+        raise ConfigError(f"device must be one of {', '.join(DEVICES)} (:N for one of several), got {device!r}")
     api_name, base, kind = parse_entry(api)
     func_expr = api_expr(api_name)
     dump_json, fwd, bwd = find_entry(dump_dir, api)
     entry = f"{base}.{kind}"
     if fwd is None:
-        raise ValueError(f"{base}.forward is not in {dump_json}: its inputs are needed to rerun the call "
+        raise ConfigError(f"{base}.forward is not in {dump_json}: its inputs are needed to rerun the call "
                          "(dump with data_mode forward or all)")
     if kind == "backward" and bwd is None:
-        raise ValueError(f"{base}.backward is not in {dump_json}")
+        raise ConfigError(f"{base}.backward is not in {dump_json}")
     plan = _Plan(os.path.join(os.path.dirname(os.path.abspath(dump_json)), "dump_tensor_data"))
     args_src = [plan.arg(a, f"input.{i}") for i, a in enumerate(fwd.get("input_args") or [])]
     kwargs_src = [f"{k!r}: {plan.arg(v, f'kw.{k}')}" for k, v in (fwd.get("input_kwargs") or {}).items()]

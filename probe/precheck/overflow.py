@@ -23,6 +23,7 @@ import numpy as np
 
 from probe.compare import tensors as tensor_files
 from probe.compare.reader import DumpMeta, read_dump
+from probe.errors import ConfigError
 from probe.vocabulary import MAX, MIN, forward_of
 
 _FLOAT = ("float", "bfloat16", "half", "double", "complex")
@@ -74,7 +75,7 @@ def dump_files(path: str) -> list:
         nums = [int(m.group()) if (m := re.search(r"\d+", s)) else -1 for s in parts[:-1]]
         return nums, parts
     if not found:
-        raise ValueError(f"{path} holds no dump.json (looked in ./, */ and step*/rank*/)")
+        raise ConfigError(f"{path} holds no dump.json (looked in ./, */ and step*/rank*/)")
     return sorted(found, key=key)
 
 

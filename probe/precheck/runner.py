@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from probe.cli_options import require_device
 from probe.compare.reader import DumpMeta, read_dump
+from probe.errors import ConfigError
 from probe.precheck.entries import DROPOUT_ARGS, ApiEntry, parse_name, resolve_api
 from probe.precheck.inputs import Loader, Unrebuildable, flat_outputs, flat_tensors, is_tensor_desc, torch_dtype
 from probe.precheck.judge import TensorResult, judge_dropout, judge_leaf
@@ -119,7 +120,7 @@ def locate_dump(path: str) -> str:
             return candidate
         found = sorted(glob.glob(os.path.join(path, "step*", "*", "dump.json")))
         hint = f"; e.g. {found[0]}" if found else ""
-        raise ValueError(f"{path} holds no dump.json; give a dump.json or its rank folder{hint}")
+        raise ConfigError(f"{path} holds no dump.json; give a dump.json or its rank folder{hint}")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"dump.json not found: {path}")
     return path

@@ -14,6 +14,8 @@ Heavy imports happen on first use of a name.
 """
 import importlib
 
+from probe.errors import ConfigError
+
 _EXPORTS = {
     "OpAutoCompare": "probe.toolbox.autocompare",
     "OpFallback": "probe.toolbox.fallback",
@@ -53,9 +55,9 @@ def apply_feature(ops, feature, condition_func=None, **options):
     """
     cls_name = FEATURES.get(feature)
     if cls_name is None:
-        raise ValueError(f"unknown feature {feature!r}; choose one of {', '.join(FEATURES)}")
+        raise ConfigError(f"unknown feature {feature!r}; choose one of {', '.join(FEATURES)}")
     if ops is None or (not isinstance(ops, str) and not list(ops)):
-        raise ValueError("apply_feature needs at least one API name")
+        raise ConfigError("apply_feature needs at least one API name")
     import re
 
     from probe.toolbox.options import parse_list

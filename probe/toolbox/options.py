@@ -12,6 +12,7 @@ import re
 
 import torch
 
+from probe.errors import ConfigError
 from probe.tolerances import TOLERANCES
 
 # Per-dtype defaults (atol, rtol), from the one table (``probe.tolerances``). Errors are
@@ -61,7 +62,7 @@ def parse_dtype(value):
     if key.startswith("torch."):
         key = key[6:]
     if key not in _DTYPE_NAMES:
-        raise ValueError(f"unknown dtype {value!r}; use e.g. torch.bfloat16, bf16, fp32")
+        raise ConfigError(f"unknown dtype {value!r}; use e.g. torch.bfloat16, bf16, fp32")
     return _DTYPE_NAMES[key]
 
 
@@ -74,7 +75,7 @@ def parse_dtype_map(value):
     out = {}
     for item in parse_list(value):
         if "->" not in item:
-            raise ValueError(f"dtype cast item {item!r}: expected FROM->TO, e.g. torch.bfloat16->torch.float32")
+            raise ConfigError(f"dtype cast item {item!r}: expected FROM->TO, e.g. torch.bfloat16->torch.float32")
         src, dst = item.split("->", 1)
         out[parse_dtype(src)] = parse_dtype(dst)
     return out
@@ -87,10 +88,10 @@ def parse_tolerance(value):
     else:
         parts = list(value)
     if len(parts) != 2:
-        raise ValueError(f"tolerance {value!r}: expected 'atol,rtol'")
+        raise ConfigError(f"tolerance {value!r}: expected 'atol,rtol'")
     atol, rtol = float(parts[0]), float(parts[1])
     if atol < 0 or rtol < 0:
-        raise ValueError(f"tolerance {value!r}: atol and rtol must be >= 0")
+        raise ConfigError(f"tolerance {value!r}: atol and rtol must be >= 0")
     return atol, rtol
 
 

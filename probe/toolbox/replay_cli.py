@@ -6,6 +6,7 @@ Exit status: 0 when every check passed (or only timing was asked), 1 when a chec
 import os
 
 from probe.cli_options import add_device_option, add_registry_option, require_device
+from probe.errors import ConfigError
 
 
 def add_arguments(parser):
@@ -26,14 +27,14 @@ def run(args):
     from probe.toolbox.replay import Replayer, find_calls
 
     if not os.path.isdir(args.dir):
-        raise ValueError(f"no such folder: {args.dir}")
+        raise ConfigError(f"no such folder: {args.dir}")
     require_device(args.device)
     if args.times < 1:
-        raise ValueError("--times must be >= 1")
+        raise ConfigError("--times must be >= 1")
     check = args.check or not args.time
     calls = find_calls(args.dir)
     if not calls:
-        raise ValueError(f"no captured calls (meta.json) under {args.dir}")
+        raise ConfigError(f"no captured calls (meta.json) under {args.dir}")
     flt = NameFilter(parse_list(args.ops), None, default_exclude=frozenset()) if args.ops else None
     rp = Replayer(device=args.device, times=args.times, forward_only=args.forward_only,
                   check=check, timing=args.time, yaml_path=args.wrap_ops_yaml)
