@@ -86,6 +86,15 @@ def _rank(rank, world, port, dump_path):
         rst = torch.empty(2)
         dist.reduce_scatter_tensor(rst, base * 2)
         results["Distributed.reduce_scatter_tensor.0"] = [rst]
+    # torch 2.13's new names of the two (FSDP2 calls them): recorded under the registered names
+    if hasattr(dist, "all_gather_single") and "all_gather_into_tensor" not in lacks:
+        big = torch.empty(4 * world)
+        dist.all_gather_single(big, base + 2)
+        results["Distributed.all_gather_into_tensor.1"] = [big]
+    if hasattr(dist, "reduce_scatter_single") and "reduce_scatter_tensor" not in lacks:
+        rst = torch.empty(2)
+        dist.reduce_scatter_single(rst, base * 3)
+        results["Distributed.reduce_scatter_tensor.1"] = [rst]
     if rank == 0:
         dist.send(base * 7, dst=1)
     else:
@@ -109,6 +118,7 @@ def _rank(rank, world, port, dump_path):
         elif not all(_close(r, _stats(t)) for r, t in zip(_recorded(entry), tensors)) \
                 or len(entry["output"]) != len(tensors):
             bad.append(f"{name}: recorded {_recorded(entry)} != {[_stats(t) for t in tensors]}")
+    assert not [n for n in data if n.startswith(("Distributed.all_gather_single", "Distributed.reduce_scatter_single"))]
     assert results["Distributed.all_reduce.0"][0].tolist() == [3.0, 6.0, 9.0, 12.0]   # the op ran, once
     assert not bad, f"rank {rank}: " + "; ".join(bad)
     dist.destroy_process_group()

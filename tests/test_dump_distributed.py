@@ -46,3 +46,36 @@ def test_rank_folder_and_distributed_entries(one_rank_group, make_debugger, dump
 def test_rank_filter_skips_other_ranks(one_rank_group, make_debugger, dump_dir):
     _train(make_debugger(rank=[1]))
     assert not os.path.exists(os.path.join(dump_dir, "step0"))
+
+
+class _AllReduceInBackward(torch.autograd.Function):
+    """A tensor-parallel style Function: its backward all-reduces (here over one rank)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.clone()
+        dist.all_reduce(g)
+        return g
+
+
+def test_a_collective_in_a_backward_on_another_thread_is_recorded(one_rank_group, make_debugger, dump_dir):
+    """On an accelerator the autograd engine runs backward nodes on its device thread, which
+    started no interceptor: a collective there (FSDP2's reduce-scatter, a Function's
+    all-reduce) is recorded for the thread that runs the dump. Simulated with a thread."""
+    import threading
+    dbg = make_debugger()
+    x = torch.randn(4, requires_grad=True)
+    dbg.start()
+    y = _AllReduceInBackward.apply(x).sum()
+    worker = threading.Thread(target=y.backward)
+    worker.start()
+    worker.join(60)
+    dbg.stop()
+    dbg.step()
+    assert torch.equal(x.grad, torch.ones(4))
+    data = load_dump(dump_dir, rank_dir="rank0")
+    assert data["Distributed.all_reduce.0.forward"]["output"][0]["Max"] == 1.0

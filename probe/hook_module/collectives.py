@@ -23,7 +23,13 @@ RESULT_PARAM = {
     "reduce_scatter_tensor": "output", "_reduce_scatter_base": "output",
     "all_to_all": "output_tensor_list", "all_to_all_single": "output",
     "recv": "tensor", "irecv": "tensor", "gather": "gather_list", "scatter": "tensor",
+    "all_gather_single": "output_tensor", "reduce_scatter_single": "output",
 }
+# torch 2.13 renamed two collectives (the old names stay, deprecated, calling the new ones);
+# FSDP2 calls the new names. They are recorded under the old, registered name, so that a
+# dump names a collective the same on every torch: the YAML line -> the names it covers.
+RENAMED = {"all_gather_into_tensor": ("all_gather_single",),
+           "reduce_scatter_tensor": ("reduce_scatter_single",)}
 _ALWAYS_ASYNC = {"isend", "irecv"}
 _signatures = {}
 

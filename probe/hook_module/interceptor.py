@@ -14,9 +14,11 @@ instruction. What neither can tell apart is patched: three Tensor dunders (``2 +
     interceptor.stop()
 
 A collective reaches the handler as a ``collectives.CollectiveCall``, whose result lists
-the tensors it wrote (see collectives.py). A user's wrapper put in a Python-level API's
-place is never called by the mode in place of the original (``_dispatching_original``),
-and while dynamo traces, the mode and the patches step aside (``_is_compiling``).
+the tensors it wrote (see collectives.py); one called by a backward node on an autograd
+device thread goes to the interceptor of the thread that runs the dump
+(``_backward_owner``). A user's wrapper put in a Python-level API's place is never called
+by the mode in place of the original (``_dispatching_original``), and while dynamo traces,
+the mode and the patches step aside (``_is_compiling``).
 
 The handler must call ``func(*args, **kwargs)`` and return its result. Only the outermost
 registered call reaches it: while it runs, registered APIs go straight to the real function.
@@ -206,6 +208,8 @@ class _Patches:
             if _is_compiling():
                 return func(*args, **kwargs)
             active = state.active
+            if active is None and collective:
+                active = _backward_owner()
             if active is None or state.depth or active._mode is None:   # none running here
                 return func(*args, **kwargs)
             name = active.patched_names.get(key)
@@ -227,6 +231,19 @@ class _Patches:
 
 _MISSING = object()
 _patches = _Patches()
+_started = []   # started interceptors, any thread, in start order
+_current_autograd_node = getattr(torch._C, "_current_autograd_node", lambda: None)
+
+
+def _backward_owner():
+    """The interceptor of the training thread, for a collective called by a backward node on
+    an autograd device thread (CUDA's, NPU's: ``state`` is per thread and that one started
+    none). FSDP2's reduce-scatters run there on an accelerator, as does any collective in a
+    custom Function's backward (tensor parallelism's gradient all-reduce); the CPU runs
+    them on the thread that called ``backward()``."""
+    if not _started or _current_autograd_node() is None:
+        return None
+    return _started[-1]
 
 
 def _process_group_exists():
@@ -273,9 +290,12 @@ class Interceptor:
         self._mode = _Mode(self)
         self._mode.__enter__()
         self._outer, state.active = state.active, self
+        _started.append(self)
 
     def stop(self, keep_patches=False):
         if self._mode is not None:
+            if self in _started:
+                _started.remove(self)
             if state.active is self:
                 state.active = self._outer
             else:   # stopped out of order: unlink it from the interceptors started after it

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from probe.errors import ConfigError
+from probe.hook_module import collectives
 from probe.hook_module.operators import OperatorNames
 from probe.hook_module.sections import SECTION_PREFIX  # noqa: F401  (re-exported)
 from probe.torch_compat import indexing_reaches_function_modes
@@ -194,6 +195,9 @@ def resolve(registry):
                 # A dotted name (torch_npu's atb.npu_x) is patched on its own submodule.
                 parent, _, attr = name.rpartition(".")
                 out.patched.append((_lookup(owner, parent) if parent else owner, attr, full))
+                if section == "distributed":   # the same collective under a newer torch's name
+                    out.patched.extend((owner, new, full) for new in collectives.RENAMED.get(name, ())
+                                       if callable(getattr(owner, new, None)))
             elif _replaced_by_user(obj) and section in ("functional", "torch", "tensor"):
                 # A porting patch (``F.gelu = npu_gelu``) put a user's function in torch's
                 # place: a function mode never sees it called (it is no torch function),
