@@ -184,3 +184,35 @@ def run_eagerly(func):
 # The code of run_eagerly's frame between a caller and ``func`` (None where it adds none),
 # for what reads the stack at a fixed depth.
 EAGER_FRAME_CODE = None if DYNAMO_TRACES_FUNCTION_MODES else run_eagerly(lambda: None).__code__
+
+
+# FSDP2 (``fully_shard``: parameters become DTensor shards, the module's class becomes
+# ``FSDP<Class>``) is ``torch.distributed.fsdp.fully_shard`` from torch 2.6 on,
+# ``torch.distributed._composable.fsdp.fully_shard`` before (2.3-2.5); torch 2.1's
+# ``torch.distributed._composable.fully_shard`` is FSDP1 underneath, not this.
+_FSDP2_MODULES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
+
+
+def fsdp2_module_class():
+    """FSDP2's ``FSDPModule`` (what ``fully_shard`` makes a module an instance of) when a
+    model of this process used it, else None. Only looked up where already imported: a
+    model sharded by ``fully_shard`` imported it, and probe never imports it for others."""
+    import sys
+    for name in _FSDP2_MODULES:
+        cls = getattr(sys.modules.get(name), "FSDPModule", None)
+        if cls is not None:
+            return cls
+    return None
+
+
+def fully_shard_api():
+    """FSDP2's ``fully_shard`` (importing it), or None on a torch without FSDP2 (torch 2.1, 2.2)."""
+    import importlib
+    for name in _FSDP2_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "FSDPModule") and hasattr(module, "fully_shard"):
+            return module.fully_shard
+    return None

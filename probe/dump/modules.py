@@ -8,7 +8,9 @@ on the autograd nodes the module's forward created, never ``register_full_backwa
 (its identity Function breaks in-place updates of views, e.g. ``nn.ReLU(inplace=True)``
 on a slice). Parameter gradients come from hooks on the parameters and are written as
 ``Module.{path}.{Class}.parameters_grad.{k}`` (msprobe 26.x naming; k counts the backward
-passes of the step) once every parameter of the module has its gradient.
+passes of the step) once every parameter of the module has its gradient. For a DDP or
+FSDP2 model the gradients are read instead once the wrapper has reduced them
+(``reduced_grads``), also at L1, where no module is hooked.
 
 The hooks maintain ``Construct.current``, which is how an API call in mix finds its
 parent module in O(1). A hook failure is logged once per module; the module's result is
@@ -21,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from probe.dump import reduced_grads
 from probe.dump.construct import OPTIMIZER
 from probe.dump.records import ForwardEntry
 from probe.hook_module import grad_capture
@@ -133,6 +136,14 @@ class _ParamOwner:
     order: List[str]               # all of the module's parameter names with gradients, in order
 
 
+@dataclass(**SLOTS)
+class _ReducedModule:
+    """A module of a DDP / FSDP2 model whose parameters' reduced gradients make its entry."""
+    module: torch.nn.Module
+    name: str                      # Module.{path}.{Class}
+    params: List[str]              # its parameters' names, in the entry's order
+
+
 class ModuleDumper:
     """Module hooks of one dump run; shares writer, filter, stacks and summaries with ``api``."""
 
@@ -147,6 +158,7 @@ class ModuleDumper:
         self.grad_counters = {}
         self.grad_flush_queued = False
         self.optimizer_prev = []
+        self._reduced = reduced_grads.ReducedGrads()   # DDP / FSDP2: gradients read after the reduction
 
     def reset_step(self):
         self.counters.clear()
@@ -172,17 +184,49 @@ class ModuleDumper:
                                 "nothing inside its compiled graph (its hooks would only make dynamo "
                                 "recompile each step); the APIs that run eagerly are dumped")
                 continue
+            reduced = reduced_grads.wrapper_kind(model) is not None
+            if reduced:   # DDP / FSDP2: the gradients the wrapper reduced, not a hook's local ones
+                self._attach_reduced(model, prefix, follow_forward=True)
             for path, module in model.named_modules():
                 if not path:
                     continue  # the root is not dumped (msprobe's names)
                 name = f"Module.{prefix}{path}.{type(module).__name__}"
                 self._hook_module(module, name, whole=False)
+                if reduced:
+                    continue
                 params = [(p_name, p) for p_name, p in module._parameters.items()
                           if p is not None and p.requires_grad]
                 for p_name, p in params:
                     owners.setdefault(p, []).append(_ParamOwner(name, p_name, [n for n, _ in params]))
         for p, who in owners.items():
             self.handles.append(p.register_hook(self._param_hook(who)))
+
+    def attach_reduced(self, models):
+        """L1: the parameter gradients of a DDP / FSDP2 model (``start(model)``) after the
+        wrapper's reduction, as ``parameters_grad`` entries of every module; no module
+        hooks. Other models get nothing here (L1 records APIs)."""
+        if isinstance(models, torch.nn.Module):
+            models = [models]
+        models = list(models)
+        for i, model in enumerate(models):
+            if reduced_grads.wrapper_kind(model) is None:
+                continue
+            if runs_compiled(model):   # its forward hook would change dynamo's guards each step
+                _said.warning(("reduced", id(model)), "probe: the model runs under torch.compile: its "
+                              "parameter gradients after the data-parallel reduction are not recorded")
+                continue
+            self._attach_reduced(model, f"{i}." if len(models) > 1 else "", follow_forward=False)
+
+    def _attach_reduced(self, model, prefix, follow_forward):
+        groups: List[_ReducedModule] = []
+        for path, module in model.named_modules():
+            if not path:
+                continue   # the root is not dumped (msprobe's names)
+            p_names = [n for n, p in module._parameters.items() if p is not None and p.requires_grad]
+            if p_names:
+                groups.append(_ReducedModule(module, f"Module.{prefix}{path}.{type(module).__name__}", p_names))
+        if groups:
+            self.handles.extend(self._reduced.attach(model, self._reduced_reader(groups, follow_forward)))
 
     def attach_whole(self, module, name):
         """``module_dump``: the module as one entry, nothing inside it. Returns the handles."""
@@ -338,6 +382,43 @@ class ModuleDumper:
     def _grad_seen(self, grad):
         with OwnWork():
             return self.api.entries.grad_seen(grad)
+
+    def _reduced_reader(self, groups, follow_forward):
+        api = self.api
+
+        def read():
+            flt = api.filter
+            if not flt.backward:
+                return
+            try:
+                with OwnWork():
+                    for group in groups:
+                        if follow_forward:   # L0/mix: the modules whose forward was dumped
+                            wanted = group.name in self.dumped
+                        else:                # L1: outside any scope of API calls; list by name
+                            wanted = not flt.scope and flt.wants(group.name, f"{group.name}.parameters_grad")
+                        if wanted:
+                            self._reduced_grads(group)
+            except Exception as exc:
+                api.entries.fail(f"{groups[0].name}.parameters_grad", exc)   # said once per model
+        return read
+
+    def _reduced_grads(self, group):
+        """One module's ``parameters_grad`` entry from ``p.grad`` as the wrapper left it
+        (a DTensor's: its local shard, with the layout)."""
+        entries = self.api.entries
+        name, p_names = group.name, group.params
+        pending = {}
+        for p_name in p_names:
+            p = group.module._parameters.get(p_name)   # FSDP2 swaps sharded and unsharded ones: read now
+            grad = None if p is None else p.grad
+            if grad is not None:
+                # written by the collective, below autograd: the version may not say so
+                entries.cache.forget(grad)
+                pending[p_name] = entries.grad_seen(grad)
+        if pending:
+            self.grad_pending[name] = pending
+            self._flush_grads(name, [p for p in p_names if p in pending])
 
     def _param_hook(self, owners):
         api = self.api
