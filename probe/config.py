@@ -190,6 +190,19 @@ def load_config(config_path=None, **overrides):
     raw = {}
     if config_path is not None:
         raw = read_json_config(config_path)
+    top, keywords = _top_level(raw, overrides, source)
+
+    def src(key):   # a bad value given as a keyword argument is not "in the file"
+        return "PrecisionDebugger keyword argument" if key in keywords else source
+    cfg = _check_top_level(top, src, source, config_path, keywords)
+    cfg.update(_check_task_section(raw, cfg["task"], source))
+    if cfg["task"] == "overflow_check" and cfg["level"] != "L1":
+        _fail(src("level"), "level", f"task overflow_check works at level L1, got {cfg['level']!r}")
+    return DumpConfig(**cfg)
+
+
+def _top_level(raw, overrides, source):
+    """(top-level keys of the file with the keyword arguments over them, the keywords given)."""
     top = {k: v for k, v in raw.items() if k not in TASKS + OTHER_TASK_SECTIONS}
     for key in top:
         if key not in TOP_KEYS:
@@ -199,10 +212,11 @@ def load_config(config_path=None, **overrides):
             raise ConfigError(f"PrecisionDebugger: {unknown('keyword argument', key, TOP_KEYS)}")
         if value is not None:
             top[key] = value
-    keywords = {k for k, v in overrides.items() if v is not None}
+    return top, {k for k, v in overrides.items() if v is not None}
 
-    def src(key):   # a bad value given as a keyword argument is not "in the file"
-        return "PrecisionDebugger keyword argument" if key in keywords else source
+
+def _check_top_level(top, src, source, config_path, keywords) -> dict:
+    """The checked top-level settings (task, level, dump_path, rank, step, ...)."""
     task = top.get("task", "statistics")
     if task not in TASKS:
         _fail(src("task"), "task", unknown("task", task, TASKS))
@@ -230,7 +244,11 @@ def load_config(config_path=None, **overrides):
         cfg["random_from"] = _check_random_from(src("random_from"), top["random_from"], cfg["dump_path"])
     if top.get("framework", "pytorch") != "pytorch":
         _fail(src("framework"), "framework", f"only 'pytorch' is supported, got {top['framework']!r}")
+    return cfg
 
+
+def _check_task_section(raw, task, source) -> dict:
+    """The checked settings of the task's own section (scope, list, data_mode, ...)."""
     section = raw.get(task)
     if section is None:
         section = {}
@@ -239,6 +257,7 @@ def load_config(config_path=None, **overrides):
     for key in section:
         if key not in SECTION_KEYS:
             _fail(source, f"{task}.{key}", unknown("key", key, SECTION_KEYS[:5]))
+    cfg: dict = {}
     if "scope" in section:
         scope = _check_list(source, f"{task}.scope", section["scope"])
         if len(scope) not in (0, 2):
@@ -249,20 +268,15 @@ def load_config(config_path=None, **overrides):
     if "data_mode" in section:
         modes = _check_list(source, f"{task}.data_mode", section["data_mode"], DATA_MODES)
         cfg["data_mode"] = modes or ("all",)
-    if "summary_mode" in section:
-        if section["summary_mode"] not in SUMMARY_MODES:
-            _fail(source, f"{task}.summary_mode", unknown("value", section["summary_mode"], SUMMARY_MODES))
-        cfg["summary_mode"] = section["summary_mode"]
     if "overflow_nums" in section:
         n = section["overflow_nums"]
         if isinstance(n, bool) or not isinstance(n, int) or (n < 1 and n != -1):
             _fail(source, f"{task}.overflow_nums", f"must be an int >= 1, or -1 for all, got {n!r}")
         cfg["overflow_nums"] = n
-    if task == "overflow_check" and level != "L1":
-        _fail(src("level"), "level", f"task overflow_check works at level L1, got {level!r}")
-    if "file_format" in section:
-        if section["file_format"] not in FILE_FORMATS:
-            _fail(source, f"{task}.file_format", unknown("value", section["file_format"], FILE_FORMATS))
-        cfg["file_format"] = section["file_format"]
-    return DumpConfig(**cfg)
+    for key, allowed in (("summary_mode", SUMMARY_MODES), ("file_format", FILE_FORMATS)):
+        if key in section:
+            if section[key] not in allowed:
+                _fail(source, f"{task}.{key}", unknown("value", section[key], allowed))
+            cfg[key] = section[key]
+    return cfg
 

@@ -215,8 +215,28 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
     the call requires grad.
     """
     edges, leaves, bases, floor = before
-    out_nodes = {}  # node -> [(output_nr, output index, view geometry or None)]
-    passthrough = []  # (output index, [input indices]) for outputs that are an input unchanged
+    out_nodes, passthrough = _output_nodes(outputs, edges, floor)
+    if not out_nodes:
+        return None
+    walked = _boundary(out_nodes, edges, leaves, bases, floor, max_nodes)
+    if walked is None:
+        return None
+    boundary, view_cuts = walked
+    # With no node of its own to wait for (an output that is an input returned as is,
+    # x.float() on a float tensor), the record completes when its output grads arrive.
+    prehooked = [fn for fn in out_nodes if fn not in boundary]
+    waiting = len(boundary) if boundary else len(prehooked)
+    pending = PendingGrads(len(outputs), n_inputs, waiting, seen_grad, on_done)
+    _register(pending, out_nodes, passthrough, boundary, view_cuts, seen_grad)
+    return pending
+
+
+def _output_nodes(outputs, edges, floor):
+    """The nodes that made the call's outputs: {node: [(output_nr, output index, view
+    geometry or None)]}, and (output index, [input indices]) for outputs that are an
+    input unchanged. Raises the sequence floor past them."""
+    out_nodes: dict = {}
+    passthrough = []
     for j, t in enumerate(outputs):
         if t is not None and t.requires_grad:
             fn = t.grad_fn
@@ -227,14 +247,18 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
             slots = edges.get((fn, nr)) if cut is None else None
             if slots is not None:
                 passthrough.append((j, slots))
-    if not out_nodes:
-        return None
     for fn in out_nodes:
         seq = fn._sequence_nr()
         if _seq_floor.value < seq < (1 << 63):
             _seq_floor.value = seq
+    return out_nodes, passthrough
 
-    boundary = {}  # node -> [(position in next_functions, [input indices])]
+
+def _boundary(out_nodes, edges, leaves, bases, floor, max_nodes):
+    """The call's own nodes that lead to its inputs: ({node: [(position in
+    next_functions, [input indices])]}, {node: [(position, [(input index, view geometry)])]}
+    for inputs changed in place through a view); None past ``max_nodes`` nodes."""
+    boundary = {}
     input_nodes = {node for node, _ in edges}
     views_links = []  # (node, position, [(input index, view geometry)]): in-place on a view
     stack = []
@@ -269,16 +293,17 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
             stack.append(nxt)
         if links:
             boundary[node] = _split_shared(links)
-    view_cuts = {}
+    view_cuts: dict = {}
     for node, k, views in views_links:
         boundary.setdefault(node, [])
         view_cuts.setdefault(node, []).append((k, views))
+    return boundary, view_cuts
 
-    # With no node of its own to wait for (an output that is an input returned as is,
-    # x.float() on a float tensor), the record completes when its output grads arrive.
-    prehooked = [fn for fn in out_nodes if fn not in boundary]
-    waiting = len(boundary) if boundary else len(prehooked)
-    pending = PendingGrads(len(outputs), n_inputs, waiting, seen_grad, on_done)
+
+def _register(pending, out_nodes, passthrough, boundary, view_cuts, seen_grad):
+    """The hooks that feed ``pending``: a pre-hook on each output node outside the
+    boundary (its output gradients), a post-hook on each boundary node (input gradients,
+    and its output gradients when it made an output too)."""
     queued = []
 
     def ensure_finish_queued():
@@ -331,4 +356,3 @@ def hook_call(before, outputs, n_inputs, seen_grad, on_done, max_nodes=_MAX_NODE
                             pending.add_input_grad((i,), _cut(g, geometry))
             pending.node_ran()
         node.register_hook(post_hook)
-    return pending
