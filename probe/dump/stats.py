@@ -32,7 +32,7 @@ _NO_STATS = (None, None, None, None)
 try:
     from probe.dump import _cstats
 except ImportError:   # built without a C compiler: the numpy/torch path below
-    _cstats = None
+    _cstats = None  # type: ignore[assignment]  (the numpy/torch path below)
 
 _KINDS = {} if _cstats is None else {
     torch.float32: _cstats.KIND_F32, torch.float64: _cstats.KIND_F64,
@@ -210,6 +210,9 @@ class SummaryCache:
         one) leaves the version counter as it was, so the version alone cannot say so."""
         for t in value if isinstance(value, (list, tuple)) else (value,):
             self._entries.pop(id(t), None)
+            local = getattr(t, "_local_tensor", None)   # a DTensor: its shard is what was summarised
+            if local is not None:
+                self._entries.pop(id(local), None)
 
     def store(self, t, value):
         try:
