@@ -34,6 +34,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--processes", type=int, help="dump roots: local worker processes "
                         "(default: one per core, at most one per pair)")
     parser.add_argument("--no-html", action="store_true", help="do not write compare_report_*.html")
+    parser.add_argument("--layout", metavar="FILE", help="dump roots with another number of ranks on each "
+                        "side (TP/FSDP against one device): how plain tensors are sharded, a JSON/YAML "
+                        "file of row-name pattern -> {\"shard_dim\": D} | {\"partial\": \"sum\"} | "
+                        "{\"replicate\": true} (DTensors record their own layout)")
 
 
 def run(args) -> int:
@@ -63,7 +67,7 @@ def _run(args) -> int:
           "replay": getattr(args, "replay", None), "html": not getattr(args, "no_html", False)}
     bench2 = getattr(args, "bench2", None)
     run_kw = {"bench2_dir": bench2, "scheduler": getattr(args, "scheduler", None),
-              "processes": getattr(args, "processes", None), **kw}
+              "processes": getattr(args, "processes", None), "layout": getattr(args, "layout", None), **kw}
     if args.input_path:
         if not os.path.isfile(args.input_path):
             raise FileNotFoundError(f"compare.json not found: {args.input_path}")

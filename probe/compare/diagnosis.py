@@ -92,6 +92,7 @@ class CallDiag:
     device_error: float | None = None    # ... and its typical local error
     extremes_off: bool = False     # statistics: its output's Max/Min are not its function of its input's
     normalizes: bool = False       # divides by its input's spread: amplifies what came in
+    note: str = ""                 # why a "can't tell" comes from outside the numbers (a shard merge)
 
     @property
     def name(self) -> str:
@@ -136,6 +137,8 @@ class CallDiag:
         if self.extremes_off:
             return ("its output's Max and Min are not what its function gives for its own input's Max and "
                     f"Min: the kernel computes something else (its output differs by {self.output_error:.3g})")
+        if self.status == "can't tell" and self.note:
+            return self.note
         if self.status == "can't tell":
             return (f"its output statistics differ by {self.output_error:.3g} where its inputs' differ by "
                     f"{self.input_error or 0.0:.3g}: Max/Min/Mean/Norm cannot tell whether it amplified "

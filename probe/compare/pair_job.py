@@ -33,12 +33,14 @@ def compare_pair(npu_json: str, bench_json: str, output_path: str, *, tag: str =
                  stack_json: str | None = None, bench2_json: str | None = None,
                  stack_mode: bool = False, fuzzy_match: bool = False, align: bool | None = None,
                  auto_analyze: bool = True, workers: int | None = None,
-                 progress: bool = False, replay: bool | None = None, html: bool = True) -> PairResult:
+                 progress: bool = False, replay: bool | None = None, html: bool = True,
+                 merged=None) -> PairResult:
     """Compare one NPU dump.json with one bench dump.json and write its report.
 
     ``replay``: re-run each differing call on the NPU side's inputs (default: tensor dumps);
     ``html``: also write the self-contained page; ``progress``: a bar naming the stage
-    (shown from 2 s on)."""
+    (shown from 2 s on); ``merged``: a merged_pair.MergedPair when a side is several ranks
+    merged (its rows that can't be told, and the rank whose shard differs)."""
     import json
     import sys
 
@@ -58,11 +60,15 @@ def compare_pair(npu_json: str, bench_json: str, output_path: str, *, tag: str =
         result = compare_dumps(npu_json, bench_json, stack_json, stack_mode=stack_mode,
                                fuzzy_match=fuzzy_match, workers=workers, progress=progress,
                                align=align, stage=stage)
+        if merged is not None:
+            merged.before_diagnosis(result)
         diag = None
         if auto_analyze:
             noise = noise_floor(bench_json, bench2_json, workers=workers, align=align) if bench2_json else None
             stage("diagnosis")
             diag = diagnose(result, noise, replay=replay, progress=progress)
+            if merged is not None:
+                merged.after_diagnosis(result, diag)
             mark_rows(result, diag)      # the rows say what the diagnosis found
         paths = write_report(result, output_path, tag, diag, bench2_json, html=html, progress=bar)
     summary = None
@@ -85,6 +91,7 @@ class PairJob:
     bench2_json: str | None = None
     options: dict = field(default_factory=dict)   # stack_mode, fuzzy_match, align, auto_analyze
     parquet_dir: str | None = None    # the run's diagnosis.parquet dataset, or None
+    merge: object | None = None       # merged_pair.MergeJob: ranks merged before the compare
 
 
 @dataclass
@@ -99,6 +106,7 @@ class PairOutcome:
     timeline: Timeline | None = None
     notes: list = field(default_factory=list)
     error: str | None = None          # why the pair failed (the run goes on)
+    culprit: dict | None = None       # a merged pair's rank whose shard differs (merged_pair)
     seconds: float = 0.0
     host: str = ""
 
@@ -114,8 +122,12 @@ def run_pair(job: PairJob) -> PairOutcome:
     t0 = time.perf_counter()
     out = PairOutcome(job.key, job.step, job.rank, host=f"{socket.gethostname()}:{os.getpid()}")
     try:
+        merged = job.merge.run() if job.merge is not None else None
         pr = compare_pair(job.npu_json, job.bench_json, job.output_path, tag=job.tag,
-                          bench2_json=job.bench2_json, workers=1, progress=False, **job.options)
+                          bench2_json=job.bench2_json, workers=1, progress=False, merged=merged,
+                          **job.options)
+        if merged is not None:
+            out.culprit = merged.culprit_dict()
         out.paths = pr.paths
         if pr.summary is not None:
             out.report = pr.paths[-1]

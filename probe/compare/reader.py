@@ -107,17 +107,20 @@ class _Buffer:
             return value
 
 
-def read_dump(path: str, meta: DumpMeta | None = None):
+def read_dump(path: str, meta: DumpMeta | None = None, stream: bool = False):
     """Yield ``(entry_name, entry)`` from dump.json in file order.
 
     ``meta`` (filled as reading goes) gets task/level and any truncation.  Raises
     FileNotFoundError if the file is missing and ValueError if it is not a dump.json
-    at all; damage after the first entry is reported in ``meta.problems``.
+    at all; damage after the first entry is reported in ``meta.problems``. ``stream``:
+    never parse the file whole (a few MB held whatever its size), for a reader that
+    walks several dumps side by side (shard_merge: the ranks of one step).
     """
     meta = meta if meta is not None else DumpMeta(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"dump.json not found: {path}")
-    doc = _parse_whole(path) if os.path.getsize(path) <= WHOLE_FILE_BYTES else None
+    whole = not stream and os.path.getsize(path) <= WHOLE_FILE_BYTES
+    doc = _parse_whole(path) if whole else None
     if doc is not None:
         yield from _whole_entries(doc, meta)
         return

@@ -37,7 +37,7 @@ class RunResult:
 
 def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root: str | None = None,
                 executor=None, scheduler: str | None = None, processes: int | None = None,
-                parquet: bool = True, **options) -> RunResult:
+                parquet: bool = True, layout: str | None = None, **options) -> RunResult:
     """Compare every step*/rank* pair of two dump trees and answer for the whole run.
 
     ``executor``: a ``concurrent.futures.Executor`` (e.g. a Dask client's
@@ -45,6 +45,8 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
     processes, ``processes`` of them (default one per core, at most one per pair).
     ``bench2_root``: a second bench run, paired by step/rank, for run-to-run noise.
     ``options``: stack_mode, fuzzy_match, align, auto_analyze, replay (as ``compare``).
+    ``layout``: a layout file (layout_file.py) for plain tensors sharded by hand; steps with
+    another number of ranks on each side merge their ranks by layout (merged_pair.py).
     """
     t0 = time.perf_counter()
     unknown = set(options) - set(OPTIONS)
@@ -52,8 +54,21 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
         raise ValueError(f"unknown option(s) {sorted(unknown)}; allowed: {', '.join(OPTIONS)}")
     npu_root, bench_root = os.path.abspath(npu_root), os.path.abspath(bench_root)
     output_path = os.path.abspath(output_path)
-    pairs, unpaired = pair_dumps(npu_root, bench_root)
+    from .merged_pair import plan_merges
+    rules = None
+    if layout:
+        from .layout_file import load_layout_file
+        rules = load_layout_file(layout)          # a bad file: one line, before any work
+    plan = plan_merges(npu_root, bench_root, output_path, rules)
     notes = []
+    merges = {}
+    if plan is None:
+        pairs, unpaired = pair_dumps(npu_root, bench_root)
+        if rules is not None:
+            notes.append(f"layout file {layout}: not used (every step has as many ranks on both sides)")
+    else:
+        pairs, unpaired, notes = [p[:3] for p in plan.pairs], plan.unpaired, list(plan.notes)
+        merges = {p[0]: p[3] for p in plan.pairs if p[3] is not None}
     bench2 = {}
     if bench2_root:
         bench2 = find_dumps(bench2_root)
@@ -68,7 +83,9 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
         notes.append(f"only the {'NPU' if side == 'npu' else 'bench'} side has {label(key)} "
                      f"(no {other} dump): not compared")
     if not pairs:
-        raise FileNotFoundError(f"no step/rank dump is on both sides: {npu_root} vs {bench_root}")
+        from .merged_pair import merge_hint
+        raise FileNotFoundError(f"no step/rank dump is on both sides: {npu_root} vs {bench_root}"
+                                f"{merge_hint(npu_root, bench_root)}")
     os.makedirs(output_path, exist_ok=True)
     dataset = None
     if parquet and options.get("auto_analyze", True):
@@ -78,7 +95,7 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
     single = len(pairs) == 1
     jobs = [PairJob(key, step_number(key), rank_number(key), a, b, output_path,
                     tag_for(key) or ("" if single else "single"), bench2.get(key),
-                    {k: v for k, v in options.items()}, dataset)
+                    {k: v for k, v in options.items()}, dataset, merges.get(key))
             for key, a, b in pairs]
     from .executor import map_pairs
     outcomes = list(map_pairs(run_pair, jobs, executor=executor, scheduler=scheduler,
@@ -140,6 +157,9 @@ def build_summary(npu_root: str, bench_root: str, outcomes: list, unpaired: list
                              if heirs else "")
         first = {"name": c.mark.name, "step": s, "rank": r, "direction": c.mark.direction,
                  "kind": c.mark.kind, "reason": reason, "report": o.report, "html": o.html}
+        if o.culprit and o.culprit.get("call") == c.mark.name:     # ranks merged: the shard's rank
+            first.update(rank=o.culprit["ranks"][0], ranks=o.culprit["ranks"], rank_certain=o.culprit["certain"],
+                         merged_ranks=o.culprit["merged_ranks"], reason=f"{reason}; {o.culprit['text']}")
         others = sorted((k, v) for k, v in cells.items()
                         if v.verdict == "introduces" and k != (s, r) and k[0] == s)
         for (s2, r2), v in others:

@@ -75,8 +75,11 @@ def answer_lines(summary: dict) -> list:
         lines.append("first divergence: none (no pair's call introduces error)")
     else:
         what = "introduces error" if fd["kind"] == "introduced" else "inputs already differ"
+        ranks = fd.get("ranks") or [fd["rank"]]      # ranks merged: the shard's rank, or the candidates
+        where = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}" + (
+            "" if fd.get("rank_certain", True) else " (which one can't be told)")
         lines.append(f"first divergence: {fd['name']} ({fd['direction']}) at step {fd['step']}, "
-                     f"rank {fd['rank']}: {what}")
+                     f"{where}: {what}")
         if fd.get("reason"):
             lines.append(f"  why: {fd['reason']}")
         lines.append(f"  report: {fd['report']}")
