@@ -9,6 +9,7 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass
+from typing import Optional
 
 from probe.errors import ConfigError, unknown
 
@@ -35,13 +36,13 @@ class DumpConfig:
     rank: tuple = ()            # empty: every rank
     step: tuple = ()            # empty: every step
     level: str = "L1"
-    seed: int = None            # None: leave the RNGs alone
+    seed: Optional[int] = None  # None: leave the RNGs alone
     is_deterministic: bool = False
     enable_dataloader: bool = False
     async_dump: bool = False
     backward_origin: bool = False   # name the forward API behind a failing backward (costs ~40 us/call)
-    wrap_ops_yaml: str = None
-    random_from: str = None     # an NPU dump root whose random draws this (bench) run takes
+    wrap_ops_yaml: Optional[str] = None
+    random_from: Optional[str] = None   # an NPU dump root whose random draws this (bench) run takes
     scope: tuple = ()
     list: tuple = ()
     data_mode: tuple = ("all",)

@@ -82,7 +82,10 @@ def build_calls(rows: list[Row], modules: dict | None = None) -> list[Call]:
     while i < n:
         entry = rows[i].entry
         j = i
-        ins, outs, dts, st = [], [], [], []
+        ins: list = []
+        outs: list = []
+        dts: list = []
+        st: list = []
         while j < n and rows[j].entry == entry:
             r = rows[j]
             shape = r.shape if r.kind == "tensor" else None
@@ -196,13 +199,14 @@ def _dp(A: list[Call], B: list[Call], band: int | None):
             c = i * m / n if n else 0
             lo.append(max(0, int(c) - band))
             hi.append(min(m, int(c) + band + 1))
-    cost = [dict() for _ in range(n + 1)]
-    back = [dict() for _ in range(n + 1)]
+    cost: list = [{} for _ in range(n + 1)]     # a row is None once it is no longer needed
+    back: list = [{} for _ in range(n + 1)]
     cost[0] = {j: j * INDEL for j in range(lo[0], hi[0] + 1)}
     back[0] = {j: 2 for j in range(1, hi[0] + 1)}
     for i in range(1, n + 1):
         a = A[i - 1]
-        prev, cur, bk = cost[i - 1], {}, back[i]
+        prev, bk = cost[i - 1], back[i]
+        cur: dict = {}
         for j in range(lo[i], hi[i] + 1):
             best, how = prev.get(j, INF) + INDEL, 1            # NPU call unpaired
             if j > 0:
@@ -219,7 +223,7 @@ def _dp(A: list[Call], B: list[Call], band: int | None):
         cost[i] = cur
         if i >= 2:
             cost[i - 2] = None                                  # keep memory at two rows
-    ops = []
+    ops: list = []
     i, j = n, m
     if m not in back[n] and n:          # band did not reach the corner: widen to full
         return _dp(A, B, None)
@@ -357,7 +361,7 @@ def _suffix(row: Row) -> str:
 def rows_from_ops(ops, A: list[Call], B: list[Call], npu_rows: list[Row], bench_rows: list[Row],
                   pair_cls):
     """Row pairs in alignment order; ``pair_cls(npu, bench, align)`` builds each."""
-    pairs = []
+    pairs: list = []
     for g, op in enumerate(ops):
         kind = op[0]
         if kind == "pair":

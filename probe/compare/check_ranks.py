@@ -72,8 +72,8 @@ class RanksReport:
             out.append(f"step {m.step} {m.name} (collective #{m.event}): rank(s) "
                        f"{', '.join(map(str, m.ranks))} differ from rank(s) "
                        f"{', '.join(map(str, m.majority))}: {m.detail}")
-        if self.mismatches:
-            f = self.first
+        f = self.first
+        if f is not None:
             out.append(f"first: step {f.step}, rank(s) {', '.join(map(str, f.ranks))} at {f.name}")
         out += [f"note: {n}" for n in self.notes]
         return out

@@ -315,7 +315,7 @@ def row_errors(result) -> list:
     if by_stats:
         pairs = result.pairs
         a, b, numel = _stats_arrays([pairs[i].npu for i in by_stats], [pairs[i].bench for i in by_stats])
-        floors = {}
+        floors: dict = {}
         floor = np.array([floors.get(t) or floors.setdefault(
             t, tolerance_for(t).floor) for t in (tol_dtype[i] for i in by_stats)])
         for i, e in zip(by_stats, stat_errors(a, b, numel, floor).tolist()):
@@ -488,7 +488,7 @@ def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | 
         u.status = "inherits"           # cannot add error of its own / normalises what came in
     elif statistics and u.exact_api:
         u.status = "can't tell"         # a selection adds no error; its statistics moved anyway
-    elif u.output_error > jump * (u.input_error or 0.0):
+    elif (u.output_error or 0.0) > jump * (u.input_error or 0.0):    # beyond: it is a number
         # From four statistics a call whose inputs already differ may have amplified that
         # (sqrt near 0, a division by a small spread) as well as made error of its own;
         # one whose extremes are its function of its inputs' did compute that function.
@@ -629,7 +629,11 @@ def _state(result, calls, errors) -> State:
     that is not dumped (HF's softmax output ``.to(bf16)``), the same shape and the
     extremes rounded to the new dtype (worked out only once a low-precision input asks,
     for the outputs before it: never in an fp32 run)."""
-    produced, cast, pending, differing, compared = set(), set(), [], [], 0
+    produced: set = set()
+    cast: set = set()
+    pending: list = []
+    differing: list = []
+    compared = 0
     pairs = result.pairs
     for u in calls:
         if u.direction != "forward" or u.phase == "optimizer":

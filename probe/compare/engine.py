@@ -454,7 +454,7 @@ def _scatter(n: int, idx: list, values: list) -> list:
 
 def _running_tolerance(A: list, B: list) -> list:
     """Per row, the coarsest float class of its tensors and of all tensors before it."""
-    rank_of = _Memo(lambda dt: vd.RANK.get(vd.dtype_class(dt), len(vd.RANK)))
+    rank_of = _Memo(lambda dt: vd.RANK.get(vd.dtype_class(dt) or "", len(vd.RANK)))
     none = len(vd.RANK)
     ra = [rank_of[r.dtype] if r is not None and r.kind == "tensor" else none for r in A]
     rb = [rank_of[r.dtype] if r is not None and r.kind == "tensor" else none for r in B]
@@ -505,7 +505,7 @@ def load_stacks(path: str) -> dict:
             data = json.load(fh)
     except (OSError, ValueError):
         return {}
-    out = {}
+    out: dict = {}
     if not isinstance(data, dict):
         return out
     for key, value in data.items():

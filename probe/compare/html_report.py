@@ -100,7 +100,7 @@ class _Codes:
 def _module_path(label: str) -> list:
     """``transformer.h.0.attn.c_attn (Conv1D)`` -> [transformer, h.0, attn, c_attn (Conv1D)]."""
     path, _, cls = label.partition(" (")
-    parts = []
+    parts: list = []
     for p in path.split("."):
         if p.isdigit() and parts:
             parts[-1] += "." + p

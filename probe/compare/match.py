@@ -46,6 +46,8 @@ def _fuzzy_keys(rows: list[Row]) -> list[tuple]:
 
 def match(npu: list[Row], bench: list[Row], fuzzy: bool = False) -> list[Pair]:
     """Pair the two sides' rows; every row of either side appears in exactly one pair."""
+    npu_keys: list
+    bench_keys: list
     if fuzzy:
         npu_keys, bench_keys = _fuzzy_keys(npu), _fuzzy_keys(bench)
     else:

@@ -14,8 +14,14 @@ import os
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .causality import Timeline, epochs, timeline
+
+if TYPE_CHECKING:            # numpy and the engine load in the worker, when a pair runs
+    from .diagnosis import Diagnosis
+    from .engine import CompareResult
+    from .merged_pair import MergeJob
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +30,8 @@ log = logging.getLogger(__name__)
 class PairResult:
     """A compare of one pair in this process: the paths written, the diagnosis, the digest."""
     paths: list
-    result: object                   # engine.CompareResult
-    diagnosis: object | None         # diagnosis.Diagnosis (None without auto_analyze)
+    result: CompareResult
+    diagnosis: Diagnosis | None      # None without auto_analyze
     summary: dict | None             # the pair's compare_summary dict
 
 
@@ -91,7 +97,7 @@ class PairJob:
     bench2_json: str | None = None
     options: dict = field(default_factory=dict)   # stack_mode, fuzzy_match, align, auto_analyze
     parquet_dir: str | None = None    # the run's diagnosis.parquet dataset, or None
-    merge: object | None = None       # merged_pair.MergeJob: ranks merged before the compare
+    merge: MergeJob | None = None     # ranks merged before the compare
 
 
 @dataclass

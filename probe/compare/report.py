@@ -247,7 +247,7 @@ def summary_sheet(result: CompareResult, digest: dict | None, diag) -> Sheet:
                 lines.insert(1, ["culprit called at", frame])
         lines += diagnosis_lines(digest)
     first = next((i for i, v in enumerate(result.columns["Result"]) if v == "error"), None)
-    styles = [None] * len(lines)
+    styles: list = [None] * len(lines)
     for k, (label, _) in enumerate(lines):
         if label == "first error" and first is not None:
             links.append((f"B{k + 2}", f"'compare_result'!A{first + 2}"))
@@ -285,7 +285,7 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
                  csv_path=csv_path)
     summary = summary_sheet(result, digest, diag)
     sheets = [main, summary]
-    if diag is not None:
+    if diag is not None and digest is not None:
         diag_sheet = diagnosis_sheet(diag)
         sheets.append(diag_sheet)
         n = len(diag_sheet.columns[0])

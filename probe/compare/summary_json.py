@@ -136,7 +136,7 @@ def _groups(result, groups) -> list:
     """Entries of each group on each side, in call order."""
     if not groups:
         return []
-    pos = [{}, {}]
+    pos: list = [{}, {}]
     for p, side in zip(pos, (result.npu, result.bench)):
         for k, r in enumerate(side.rows if side else ()):
             p.setdefault(r.entry, k)

@@ -44,8 +44,8 @@ def comparable(npu_dtype: str | None, bench_dtype: str | None) -> bool:
     ca, cb = dtype_class(npu_dtype), dtype_class(bench_dtype)
     if ca in RANK and cb in RANK:
         return True
-    if ca == "exact" and cb == "exact":
-        return (npu_dtype.endswith("bool")) == (bench_dtype.endswith("bool"))
+    if ca == "exact" and cb == "exact":      # both named, so both strings
+        return str(npu_dtype).endswith("bool") == str(bench_dtype).endswith("bool")
     return npu_dtype == bench_dtype
 
 

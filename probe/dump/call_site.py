@@ -27,9 +27,9 @@ _KW_NAMES = dis.opmap.get("KW_NAMES")
 _LOAD_CONST = dis.opmap["LOAD_CONST"]
 _SKIP = {dis.opmap[name] for name in ("PRECALL", "CACHE", "EXTENDED_ARG") if name in dis.opmap}
 
-_sites = {}    # (code, f_lasti) -> (n positional, keyword names) or None
-_params = {}   # function -> positional-or-keyword parameter names, or None
-_plans = {}    # (code, f_lasti, function, len(args), keywords) -> _Plan or None
+_sites: dict = {}    # (code, f_lasti) -> (n positional, keyword names) or None
+_params: dict = {}   # function -> positional-or-keyword parameter names, or None
+_plans: dict = {}    # (code, f_lasti, function, len(args), keywords) -> _Plan or None
 
 
 class _Plan:

@@ -516,7 +516,7 @@ def instrument_backward(gm, plan: GraphPlan, with_tensors=False):
             by_source[src].append(node)
     if not by_source:
         return None
-    tensors = []
+    tensors: list = []
     backward = []
     index = {}
     out_node = graph.output_node()

@@ -13,7 +13,7 @@ attribute reads, no device work. (torch is imported in the function: the compare
 def math_modes() -> dict:
     """{setting: value} for the settings this torch (and torch_npu, once imported) has."""
     import torch
-    modes = {"float32_matmul_precision": torch.get_float32_matmul_precision()}
+    modes: dict = {"float32_matmul_precision": torch.get_float32_matmul_precision()}
     backends = torch.backends
     for key, owner, attr in (
             ("cuda.matmul.allow_tf32", getattr(backends, "cuda", None), "matmul.allow_tf32"),

@@ -64,7 +64,7 @@ class OverflowCollector(ApiCollector):
         super().__init__(config, writer, EntryBuilder(config, writer, save_tensors=True))
         n = getattr(config, "overflow_nums", 1) if overflow_nums is None else overflow_nums
         self.overflow_nums = int(n)
-        self.found = []                    # entry names dumped, in order
+        self.found: list = []              # entry names dumped, in order
 
     @property
     def exhausted(self) -> bool:

@@ -18,7 +18,7 @@ import torch
 try:
     from probe.dump._cstack import frame_key as _frame_key
 except ImportError:   # built without a C compiler: keys are made in Python
-    _frame_key = None
+    _frame_key = None  # type: ignore[assignment]
 
 _PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep

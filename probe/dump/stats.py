@@ -32,7 +32,7 @@ _NO_STATS = (None, None, None, None)
 try:
     from probe.dump import _cstats
 except ImportError:   # built without a C compiler: the numpy/torch path below
-    _cstats = None  # type: ignore[assignment]  (the numpy/torch path below)
+    _cstats = None  # type: ignore[assignment]
 
 _KINDS = {} if _cstats is None else {
     torch.float32: _cstats.KIND_F32, torch.float64: _cstats.KIND_F64,

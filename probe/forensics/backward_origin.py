@@ -293,8 +293,8 @@ def _new_nodes(outs, input_nodes, floor):
 
 
 # ---- the autograd entry points ----------------------------------------------------------
-_trackers = []               # enabled BackwardOrigin features
-_originals = {}
+_trackers: list = []         # enabled BackwardOrigin features
+_originals: dict = {}
 _state = threading.local()
 
 

@@ -31,7 +31,7 @@ RESULT_PARAM = {
 RENAMED = {"all_gather_into_tensor": ("all_gather_single",),
            "reduce_scatter_tensor": ("reduce_scatter_single",)}
 _ALWAYS_ASYNC = {"isend", "irecv"}
-_signatures = {}
+_signatures: dict = {}
 
 
 class CollectiveResult(list):

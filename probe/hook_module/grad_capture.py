@@ -28,7 +28,7 @@ from probe.hook_module.own_work import no_function_mode
 log = logging.getLogger(__name__)
 _MAX_NODES = 256          # a walk that goes further has left the call's own subgraph
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
-_reported = set()
+_reported: set = set()
 
 
 class _quiet:

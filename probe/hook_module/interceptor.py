@@ -119,7 +119,7 @@ class _Mode(TorchFunctionMode):
 
 _FunctionType = types.FunctionType
 _HANDLE_CODE = torch.overrides.handle_torch_function.__code__
-_by_code = {}   # code (or replacement function) met in place of torch's function -> torch's function
+_by_code: dict = {}   # code (or replacement function) met in place of torch's function -> torch's function
 
 
 def _dispatching_original(func):
@@ -231,7 +231,7 @@ class _Patches:
 
 _MISSING = object()
 _patches = _Patches()
-_started = []   # started interceptors, any thread, in start order
+_started: list = []   # started interceptors, any thread, in start order
 _current_autograd_node = getattr(torch._C, "_current_autograd_node", lambda: None)
 
 

@@ -161,7 +161,7 @@ class OperatorNames:
         return table.get(_caller_symbol(), default)
 
 
-_fallback_said = []
+_fallback_said: list = []
 
 
 def _say_fallback():
@@ -187,8 +187,8 @@ def _plumbing_codes():
 
 
 _PLUMBING = _plumbing_codes()
-_sites = {}   # (id(code), lasti) -> (code, symbol or None)
-_codes = {}   # id(code) -> (code, {offset: symbol})
+_sites: dict = {}   # (id(code), lasti) -> (code, symbol or None)
+_codes: dict = {}   # id(code) -> (code, {offset: symbol})
 
 
 def _caller_symbol(depth=3):

@@ -7,6 +7,7 @@ Keyword arguments win over the file.
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Optional
 
 from probe.config import read_json_config
 from probe.errors import ConfigError, unknown
@@ -29,7 +30,7 @@ class MonitorOptions:
     grad_pre_reduction: object = "auto"   # "auto": when torch.distributed has more than one rank
     interval: int = 1                # log every `interval` steps (step % interval == 0)
     modules: tuple = ()              # names, substrings or "regex(...)"; empty: all
-    formats: tuple = None            # None: csv, alerts and, where tensorboard imports, tensorboard
+    formats: Optional[tuple] = None  # None: csv, alerts and, where tensorboard imports, tensorboard
     alert_window: int = 20           # recent values a spike is judged against
     alert_threshold: float = 10.0    # |x - median| > threshold * scale is a spike
     alert_warmup: int = 10           # values a series needs before spikes are judged
@@ -39,7 +40,7 @@ class MonitorOptions:
     dump_task: str = "statistics"
     dump_steps: int = 1              # how many steps each armed dump covers
     dump_max: int = 1                # how many times a dump may be armed in a run
-    dump_path: str = None            # default {output_dir}/dump
+    dump_path: Optional[str] = None  # default {output_dir}/dump
     source: str = field(default="<arguments>", compare=False)
 
     def wants_module(self, name):

@@ -42,8 +42,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 def _standard(dtype: str) -> st.Standard:
-    cls = dtype_class(dtype)
-    return st.STANDARDS.get(cls, st.STANDARDS["float32"])
+    return st.STANDARDS.get(dtype_class(dtype) or "", st.STANDARDS["float32"])   # fp32's for ints
 
 
 def _finish(row: TensorResult, v: Verdict, extra: str = "") -> TensorResult:
@@ -93,11 +92,12 @@ def judge_leaf(name, desc, dev, bench, golden, *, exact: bool, random: bool, ulp
         row.method, row.error_rate = "exact", rate
         return _finish(row, j.verdict)
     std = _standard(row.device_dtype)
-    b = _np(bench)
+    bench_np = _np(bench)
+    b: np.ndarray | None = bench_np
     g = _np(golden) if isinstance(golden, torch.Tensor) and list(golden.shape) == list(bench.shape) else None
     note = ""
     if g is None:                    # no golden: the bench stands in for it
-        g, note = b.astype(np.float64), f"golden unavailable ({golden_note}); judged against the bench"
+        g, note = bench_np.astype(np.float64), f"golden unavailable ({golden_note}); judged against the bench"
         b = None
     st.nonfinite_check(v, x, g)
     row.dev = st.error_metrics(x, g, std)

@@ -127,8 +127,8 @@ def find_overflow(path: str, limit: int | None = None) -> OverflowReport:
     report = OverflowReport()
     for dump_json in dump_files(path):
         report.dumps.append(dump_json)
-        data_dir = os.path.join(os.path.dirname(os.path.abspath(dump_json)), "dump_tensor_data")
-        data_dir = data_dir if os.path.isdir(data_dir) else None
+        folder = os.path.join(os.path.dirname(os.path.abspath(dump_json)), "dump_tensor_data")
+        data_dir = folder if os.path.isdir(folder) else None
         meta = DumpMeta(dump_json)
         dirty_inputs = {}       # forward entry name -> its inputs held Inf/NaN
         backward = []

@@ -60,13 +60,13 @@ def autocast_dtype(args, kwargs, out_dtypes, conversion: bool):
         return None
     outs = [d for d in out_dtypes if d in _LOW]
     if outs:
-        low = min(outs, key=_RANK.get)
+        low = min(outs, key=_RANK.__getitem__)
         if any(_RANK[d] > _RANK[low] for d in ins if d in _RANK):
             return low
         return None
     wide_out = [d for d in out_dtypes if d in _RANK and d not in _LOW]
     if wide_out and ins <= set(_LOW):
-        return min(ins, key=_RANK.get)
+        return min(ins, key=_RANK.__getitem__)
     return None
 
 

@@ -9,6 +9,7 @@ import csv
 import logging
 import os
 import time
+from typing import Optional
 
 import torch
 
@@ -23,7 +24,7 @@ from probe.toolbox import options
 
 log = logging.getLogger(__name__)
 
-_RESOLVED = {}  # yaml path -> ResolvedRegistry (resolving walks ~1,500 names: once per process)
+_RESOLVED: dict = {}  # yaml path -> ResolvedRegistry (resolving walks ~1,500 names: once per process)
 
 _ALIAS_PREFIX = {
     "Functional": ("torch.nn.functional.", "F."),
@@ -106,8 +107,8 @@ class ToolBase:
     returns whether to handle it. ``yaml_path``: the API registry (default: packaged).
     """
     feature = "tool"
-    env_list = None          # e.g. "OP_AUTOCOMPARE_LIST"
-    env_disable_list = None
+    env_list: Optional[str] = None          # e.g. "OP_AUTOCOMPARE_LIST"
+    env_disable_list: Optional[str] = None
 
     def __init__(self, ops=None, disable_ops=None, condition_func=None, yaml_path=None,
                  output_dir=None, verbose=None):

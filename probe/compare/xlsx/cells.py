@@ -118,9 +118,9 @@ def encode_column(col: list, sst: SharedStrings | None = None) -> tuple[list, li
         return bodies, texts
     if not {bool, int} <= kinds and kinds <= {str, bool, int}:
         if sst is not None:                          # in order of first appearance
-            uniq = dict.fromkeys(col)
-            cells = {v: sst.body(v) if type(v) is str else cell_body(v) for v in uniq}
-            fields = {v: csv_field(v) for v in uniq}
+            ordered = dict.fromkeys(col)
+            cells = {v: sst.body(v) if type(v) is str else cell_body(v) for v in ordered}
+            fields = {v: csv_field(v) for v in ordered}
             return list(map(cells.__getitem__, col)), list(map(fields.__getitem__, col))
         uniq = set(col)
         if len(uniq) <= max(64, len(col) >> 3):      # few distinct values: look them up
@@ -206,7 +206,7 @@ def _str_column(col: list, has_none: bool) -> tuple[list, list]:
     if printable:
         edge = big[:1] == " " or big[-1:] == " " or " \x00" in big or "\x00 " in big
     else:
-        edge = big[:1].isspace() or big[-1:].isspace() or _EDGE_SPACE.search(big)
+        edge = big[:1].isspace() or big[-1:].isspace() or _EDGE_SPACE.search(big) is not None
     if edge:
         bodies = [(_STR_WS if t[:1].isspace() or t[-1:].isspace() else _STR) % t for t in esc]
     else:

@@ -177,7 +177,7 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
         n = len(sheet.columns[0]) if sheet.columns else 0
         prefixes, shared = _prefixes(sheet), _shared_tables(sheet, sst)
         with_csv = sheet.csv_path is not None
-        csv_fh = open(sheet.csv_path, "wb") if with_csv else None
+        csv_fh = open(sheet.csv_path, "wb") if sheet.csv_path is not None else None
         out = _FileThread(fh) if n > CHUNK_ROWS else fh
         try:
             if csv_fh:

@@ -1,0 +1,20 @@
+"""Type stub of the C extension ``_cstats.c`` (tensor statistics in one pass)."""
+from typing import Any, Dict, Optional, Tuple
+
+KIND_F32: int
+KIND_F64: int
+KIND_BF16: int
+KIND_F16: int
+KIND_I64: int
+KIND_I32: int
+KIND_I16: int
+KIND_I8: int
+KIND_U8: int
+KIND_BOOL: int
+
+def summarize(address: int, numel: int, kind: int) -> Tuple[Any, Any, Any, Any]:
+    """(Max, Min, Mean, Norm) of a contiguous CPU buffer."""
+def summary(tensor: Any, cache: Dict[Any, Any]) -> Optional[Dict[str, Any]]:
+    """dump.json summary dict of a plain contiguous CPU tensor, else None."""
+def setup(plain_types: Tuple[Any, ...], kinds: Dict[Any, int], dtype_names: Dict[Any, str], strided: Any) -> None:
+    """The torch objects summary() needs."""
