@@ -13,7 +13,7 @@ import importlib
 # public name -> module that defines it; imported on first use, so that ``probe compare
 # --help`` (which imports this package) stays free of numpy and torch
 _EXPORTS = {"compare": ".api", "compare_distributed": ".api", "compare_run": ".run",
-            "check_ranks": ".check_ranks", "read_results": ".frame"}
+            "check_ranks": ".check_ranks", "read_results": ".frame", "CompareOptions": ".options"}
 __all__ = sorted(_EXPORTS)
 
 

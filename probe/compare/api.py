@@ -7,10 +7,12 @@ import os
 
 from probe import console_log
 
+from .options import DEFAULT, CompareOptions, resolve_options
 from .pair_job import compare_pair
 from probe.errors import ConfigError
 
 log = logging.getLogger(__name__)
+_DEFAULTS = DEFAULT.keywords()
 
 
 def _param(d: dict, *keys):
@@ -22,7 +24,8 @@ def _param(d: dict, *keys):
 
 def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
             auto_analyze: bool = True, fuzzy_match: bool = False, align: bool | None = None,
-            html: bool = True, **kwargs) -> list:
+            html: bool = True, *, options: CompareOptions | None = None, tag: str = "",
+            workers: int | None = None, progress: bool | None = None, **keywords) -> list:
     """Compare one NPU dump.json with one bench dump.json; write xlsx, csv and
     compare_summary json; return their paths.
 
@@ -33,9 +36,16 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     ``align``: None aligns the call sequences when they differ, True always, False pairs
     by name (msprobe); ``fuzzy_match`` pairs the k-th call of each API. ``auto_analyze``
     adds the diagnosis (first divergence, Diagnosis sheet, summary json). ``html``
-    also writes the self-contained page ``compare_report_*.html``. ``is_print_compare_log``
+    also writes the self-contained page ``compare_report_*.html``; ``replay=False`` judges
+    calls by their jump instead of re-running them. ``options``: all of these as one
+    ``CompareOptions`` (options.py) instead. ``is_print_compare_log``
     (default True) logs the answer at INFO, shown on stderr where logging is not configured.
+    An unknown keyword is a ConfigError naming it.
     """
+    given = {k: v for k, v in (("stack_mode", stack_mode), ("auto_analyze", auto_analyze),
+                               ("fuzzy_match", fuzzy_match), ("align", align), ("html", html))
+             if v != _DEFAULTS[k]}
+    options = resolve_options("compare", options, {**given, **keywords}, ("options", "tag", "workers", "progress"))
     if not isinstance(dump_result_param, dict):
         raise ConfigError("dump_result_param must be a dict with npu_json_path and bench_json_path")
     npu = _param(dump_result_param, "npu_json_path", "npu_path")
@@ -53,11 +63,8 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     if bench2 and not os.path.isfile(bench2):
         raise FileNotFoundError(f"dump.json not found: {bench2}")
     verbose = dump_result_param.get("is_print_compare_log", True)
-    pr = compare_pair(npu, bench, output_path, tag=kwargs.get("tag", ""), stack_json=stack,
-                      bench2_json=bench2, stack_mode=stack_mode, fuzzy_match=fuzzy_match,
-                      align=align, auto_analyze=auto_analyze, workers=kwargs.get("workers"),
-                      progress=kwargs.get("progress", verbose), replay=kwargs.get("replay"),
-                      html=html)
+    pr = compare_pair(npu, bench, output_path, options, tag=tag, stack_json=stack, bench2_json=bench2,
+                      workers=workers, progress=verbose if progress is None else progress)
     if verbose:
         from .report import console_summary
         console_log.show_info()

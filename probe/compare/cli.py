@@ -6,6 +6,8 @@ import os
 import sys
 from probe.errors import ConfigError
 
+from .options import Analysis, CompareOptions, Matching, Output
+
 DEFAULT_OUTPUT = os.path.join(".", "compare_out")
 
 
@@ -50,6 +52,15 @@ def run(args) -> int:
         return _run(args)
 
 
+def options_of(args) -> CompareOptions:
+    """The compare options the command line gives."""
+    return CompareOptions(
+        Matching(fuzzy_match=args.fuzzy_match,
+                 align={"auto": None, "on": True, "off": False}[getattr(args, "align", "auto")]),
+        Analysis(auto_analyze=True, replay=getattr(args, "replay", None)),
+        Output(stack_mode=args.stack_mode, html=not getattr(args, "no_html", False)))
+
+
 def _run(args) -> int:
     from .api import compare, compare_distributed
     if args.input_path and (args.npu or args.bench):
@@ -62,12 +73,10 @@ def _run(args) -> int:
     defaulted = args.output_path is None
     if defaulted:
         args.output_path = DEFAULT_OUTPUT
-    kw = {"stack_mode": args.stack_mode, "fuzzy_match": args.fuzzy_match,
-          "align": {"auto": None, "on": True, "off": False}[getattr(args, "align", "auto")],
-          "replay": getattr(args, "replay", None), "html": not getattr(args, "no_html", False)}
+    options = options_of(args)
     bench2 = getattr(args, "bench2", None)
-    run_kw = {"bench2_dir": bench2, "scheduler": getattr(args, "scheduler", None),
-              "processes": getattr(args, "processes", None), "layout": getattr(args, "layout", None), **kw}
+    run_kw: dict = {"options": options, "bench2_dir": bench2, "scheduler": getattr(args, "scheduler", None),
+              "processes": getattr(args, "processes", None), "layout": getattr(args, "layout", None)}
     if args.input_path:
         if not os.path.isfile(args.input_path):
             raise FileNotFoundError(f"compare.json not found: {args.input_path}")
@@ -84,7 +93,7 @@ def _run(args) -> int:
         else:
             if bench2:
                 param["bench2_json_path"] = bench2
-            paths = compare(param, args.output_path, **kw)
+            paths = compare(param, args.output_path, options=options)
     elif args.npu and args.bench:
         for p in (args.npu, args.bench):
             if not os.path.exists(p):
@@ -100,7 +109,7 @@ def _run(args) -> int:
             paths = compare({"npu_json_path": next(iter(npu.values())),
                              "bench_json_path": next(iter(bench.values())),
                              "bench2_json_path": bench2, "is_print_compare_log": True},
-                            args.output_path, **kw)
+                            args.output_path, options=options)
         else:
             paths = compare_distributed(args.npu, args.bench, args.output_path, **run_kw)
     else:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .causality import Timeline, epochs, timeline
+from .options import DEFAULT, CompareOptions
 
 if TYPE_CHECKING:            # numpy and the engine load in the worker, when a pair runs
     from .diagnosis import Diagnosis
@@ -35,18 +36,16 @@ class PairResult:
     summary: dict | None             # the pair's compare_summary dict
 
 
-def compare_pair(npu_json: str, bench_json: str, output_path: str, *, tag: str = "",
-                 stack_json: str | None = None, bench2_json: str | None = None,
-                 stack_mode: bool = False, fuzzy_match: bool = False, align: bool | None = None,
-                 auto_analyze: bool = True, workers: int | None = None,
-                 progress: bool = False, replay: bool | None = None, html: bool = True,
-                 merged=None) -> PairResult:
+def compare_pair(npu_json: str, bench_json: str, output_path: str, options: CompareOptions = DEFAULT, *,
+                 tag: str = "", stack_json: str | None = None, bench2_json: str | None = None,
+                 workers: int | None = None, progress: bool = False, merged=None) -> PairResult:
     """Compare one NPU dump.json with one bench dump.json and write its report.
 
-    ``replay``: re-run each differing call on the NPU side's inputs (default: tensor dumps);
-    ``html``: also write the self-contained page; ``progress``: a bar naming the stage
-    (shown from 2 s on); ``merged``: a merged_pair.MergedPair when a side is several ranks
-    merged (its rows that can't be told, and the rank whose shard differs)."""
+    ``options``: what pairs, what is concluded, what is written (options.py);
+    ``progress``: a bar naming the stage (shown from 2 s on); ``merged``: a
+    merged_pair.MergedPair when a side is several ranks merged (its rows that can't be
+    told, and the rank whose shard differs)."""
+    matching, analysis, output = options.matching, options.analysis, options.output
     import json
     import sys
 
@@ -63,22 +62,22 @@ def compare_pair(npu_json: str, bench_json: str, output_path: str, *, tag: str =
         bar.set_description(f"compare: {name}", refresh=False)
         bar.update(0)
     with gc_paused(), bar:     # millions of live containers, next to no cycles: see engine
-        result = compare_dumps(npu_json, bench_json, stack_json, stack_mode=stack_mode,
-                               fuzzy_match=fuzzy_match, workers=workers, progress=progress,
-                               align=align, stage=stage)
+        result = compare_dumps(npu_json, bench_json, stack_json, stack_mode=output.stack_mode,
+                               fuzzy_match=matching.fuzzy_match, workers=workers, progress=progress,
+                               align=matching.align, stage=stage)
         if merged is not None:
             merged.before_diagnosis(result)
         diag = None
-        if auto_analyze:
-            noise = noise_floor(bench_json, bench2_json, workers=workers, align=align) if bench2_json else None
+        if analysis.auto_analyze:
+            noise = noise_floor(bench_json, bench2_json, workers=workers, align=matching.align) if bench2_json else None
             stage("diagnosis")
-            diag = diagnose(result, noise, replay=replay, progress=progress)
+            diag = diagnose(result, noise, replay=analysis.replay, progress=progress)
             if merged is not None:
                 merged.after_diagnosis(result, diag)
             mark_rows(result, diag)      # the rows say what the diagnosis found
-        paths = write_report(result, output_path, tag, diag, bench2_json, html=html, progress=bar)
+        paths = write_report(result, output_path, tag, diag, bench2_json, html=output.html, progress=bar)
     summary = None
-    if auto_analyze:
+    if analysis.auto_analyze:
         with open(paths[-1], encoding="utf-8") as fh:
             summary = json.load(fh)
     return PairResult(paths, result, diag, summary)
@@ -95,7 +94,7 @@ class PairJob:
     output_path: str
     tag: str
     bench2_json: str | None = None
-    options: dict = field(default_factory=dict)   # stack_mode, fuzzy_match, align, auto_analyze
+    options: CompareOptions = DEFAULT
     parquet_dir: str | None = None    # the run's diagnosis.parquet dataset, or None
     merge: MergeJob | None = None     # ranks merged before the compare
 
@@ -129,9 +128,8 @@ def run_pair(job: PairJob) -> PairOutcome:
     out = PairOutcome(job.key, job.step, job.rank, host=f"{socket.gethostname()}:{os.getpid()}")
     try:
         merged = job.merge.run() if job.merge is not None else None
-        pr = compare_pair(job.npu_json, job.bench_json, job.output_path, tag=job.tag,
-                          bench2_json=job.bench2_json, workers=1, progress=False, merged=merged,
-                          **job.options)
+        pr = compare_pair(job.npu_json, job.bench_json, job.output_path, job.options, tag=job.tag,
+                          bench2_json=job.bench2_json, workers=1, progress=False, merged=merged)
         if merged is not None:
             out.culprit = merged.culprit_dict()
         out.paths = pr.paths

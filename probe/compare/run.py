@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 
 from .causality import first_of_run, judge_step
 from .layout import find_dumps, label, order, pair_dumps, rank_number, step_number, tag_for
+from .options import CompareOptions, resolve_options
 from .pair_job import PairJob, lost_pair, run_pair
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "probe.run_summary/1"
 SUMMARY = "compare_summary.json"
-OPTIONS = ("stack_mode", "fuzzy_match", "align", "auto_analyze", "replay", "html")
+_RUN_KEYWORDS = ("bench2_root", "executor", "scheduler", "processes", "parquet", "layout", "options")
 
 
 @dataclass
@@ -37,21 +38,21 @@ class RunResult:
 
 def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root: str | None = None,
                 executor=None, scheduler: str | None = None, processes: int | None = None,
-                parquet: bool = True, layout: str | None = None, **options) -> RunResult:
+                parquet: bool = True, layout: str | None = None, options: CompareOptions | None = None,
+                **keywords) -> RunResult:
     """Compare every step*/rank* pair of two dump trees and answer for the whole run.
 
     ``executor``: a ``concurrent.futures.Executor`` (e.g. a Dask client's
     ``get_executor()``); ``scheduler``: a Dask scheduler address; neither: local worker
     processes, ``processes`` of them (default one per core, at most one per pair).
     ``bench2_root``: a second bench run, paired by step/rank, for run-to-run noise.
-    ``options``: stack_mode, fuzzy_match, align, auto_analyze, replay (as ``compare``).
+    ``options``: what pairs, what is concluded, what is written (options.py), or the same as
+    keywords (stack_mode, fuzzy_match, align, auto_analyze, replay, html, as ``compare``).
     ``layout``: a layout file (layout_file.py) for plain tensors sharded by hand; steps with
     another number of ranks on each side merge their ranks by layout (merged_pair.py).
     """
     t0 = time.perf_counter()
-    unknown = set(options) - set(OPTIONS)
-    if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)}; allowed: {', '.join(OPTIONS)}")
+    options = resolve_options("compare_run", options, keywords, _RUN_KEYWORDS)
     npu_root, bench_root = os.path.abspath(npu_root), os.path.abspath(bench_root)
     output_path = os.path.abspath(output_path)
     from .merged_pair import plan_merges
@@ -88,14 +89,14 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
                                 f"{merge_hint(npu_root, bench_root)}")
     os.makedirs(output_path, exist_ok=True)
     dataset = None
-    if parquet and options.get("auto_analyze", True):
+    if parquet and options.analysis.auto_analyze:
         from .parquet import DATASET
         dataset = os.path.join(output_path, DATASET)
         shutil.rmtree(dataset, ignore_errors=True)      # a table of this run only
     single = len(pairs) == 1
     jobs = [PairJob(key, step_number(key), rank_number(key), a, b, output_path,
                     tag_for(key) or ("" if single else "single"), bench2.get(key),
-                    {k: v for k, v in options.items()}, dataset, merges.get(key))
+                    options, dataset, merges.get(key))
             for key, a, b in pairs]
     from .executor import map_pairs
     outcomes = list(map_pairs(run_pair, jobs, executor=executor, scheduler=scheduler,
@@ -107,7 +108,7 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
     paths = [p for o in outcomes for p in o.paths]
     from .run_report import write_run_workbook
     paths.append(write_run_workbook(summary, outcomes, output_path))
-    if options.get("html", True):       # the run's page: the answer and the grid, linking the pairs
+    if options.output.html:       # the run's page: the answer and the grid, linking the pairs
         from .html_report import write_run_page
         from .report import _latest
         page = write_run_page(summary, os.path.join(output_path, "compare_run.html"))
