@@ -62,7 +62,7 @@ def _cli(argv, capsys, caplog):
     caplog.clear()
     rc = main(argv)
     assert gc.isenabled()     # the command pauses the collector, and gives it back
-    said = "\n".join(r.getMessage() for r in caplog.records if r.name == "probe.compare.api")
+    said = "\n".join(r.getMessage() for r in caplog.records if r.name == "probe.compare.entry_points")
     return rc, capsys.readouterr().out, said
 
 

@@ -32,7 +32,7 @@ def test_adds_one_stderr_handler_at_most(capsys):
         assert cap.err == "probe fallback: Tensor.add.0\n" and cap.out == ""
         # logging configured afterwards wins: the handler falls silent, nothing is said twice
         logging.getLogger().addHandler(logging.NullHandler())
-        logging.getLogger("probe.compare.api").info("[probe compare] verdict")
+        logging.getLogger("probe.compare.entry_points").info("[probe compare] verdict")
         assert capsys.readouterr().err == ""
 
 

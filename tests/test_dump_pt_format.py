@@ -57,7 +57,7 @@ def test_pt_files_load_with_weights_only(tmp_path, dtype):
 
 
 def test_pt_and_npy_dumps_agree_in_compare_and_run_ut(tmp_path):
-    from probe.compare.api import compare
+    from probe.compare.entry_points import compare
     pt = _dump(tmp_path / "pt", "pt")
     npy = _dump(tmp_path / "npy", "npy")
     res = run_ut(pt, out_dir=str(tmp_path / "ut"), progress=False)

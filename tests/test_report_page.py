@@ -110,7 +110,7 @@ def test_no_html_skips_the_page(report, tmp_path, caplog):
     bench = fault_npu.replace(os.sep + "npu" + os.sep, os.sep + "bench" + os.sep)
     assert main(["compare", "--npu", fault_npu, "--bench", bench, "-o", str(tmp_path), "--no-html"]) == 0
     assert not glob.glob(str(tmp_path / "*.html")) and glob.glob(str(tmp_path / "*.xlsx"))
-    said = [r.getMessage() for r in caplog.records if r.name == "probe.compare.api"]
+    said = [r.getMessage() for r in caplog.records if r.name == "probe.compare.entry_points"]
     verdict = [line for line in said if "verdict:" in line]
     assert len(verdict) == 1 and CULPRIT in verdict[0] and CULPRIT_MODULE in verdict[0]
 
@@ -304,7 +304,7 @@ def test_demo_injects_a_kernel_fault_and_names_it(tmp_path, capsys, caplog):
     caplog.set_level(logging.INFO, logger="probe")
     paths = run_demo(str(tmp_path / "demo"))
     assert "injecting one kernel fault" in capsys.readouterr().err     # the demo script's own line
-    said = [r.getMessage() for r in caplog.records if r.name == "probe.compare.api"]   # compare's answer
+    said = [r.getMessage() for r in caplog.records if r.name == "probe.compare.entry_points"]   # compare's answer
     verdict = [line for line in said if "verdict:" in line]
     assert len(verdict) == 1 and FAULT_CALL in verdict[0]
     # the first line says what to open next: the page, and the workbook for every column

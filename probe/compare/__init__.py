@@ -3,7 +3,9 @@
 Reads dump files only; never imports the dump side.  Modules, in data-flow order:
 reader (stream dump.json) -> rows (flatten entries) -> match (pair rows) -> metrics /
 tensors (numbers) -> verdict (pass/warning/error) -> engine (runs one compare) ->
-report / xlsx (files) ; api and cli are the entry points, layout finds dump trees.
+report / xlsx (files) ; entry_points (compare, compare_distributed) and cli are the
+entry points, options their one options object, dump_tree finds dump.json files in a
+tree, results_dataframe reads a result CSV back; vocabulary (probe/) names rows and columns.
 A whole run (two dump trees): run -> executor (local processes or Dask) -> pair_job (one
 pair per worker: compare, report, parquet) -> causality (collectives order the ranks) ->
 run summary + run_report (workbook). check_ranks: one run's collectives across ranks.
@@ -12,8 +14,8 @@ import importlib
 
 # public name -> module that defines it; imported on first use, so that ``probe compare
 # --help`` (which imports this package) stays free of numpy and torch
-_EXPORTS = {"compare": ".api", "compare_distributed": ".api", "compare_run": ".run",
-            "check_ranks": ".check_ranks", "read_results": ".frame", "CompareOptions": ".options"}
+_EXPORTS = {"compare": ".entry_points", "compare_distributed": ".entry_points", "compare_run": ".run",
+            "check_ranks": ".check_ranks", "read_results": ".results_dataframe", "CompareOptions": ".options"}
 __all__ = sorted(_EXPORTS)
 
 

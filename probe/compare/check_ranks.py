@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .causality import collective_op
-from .layout import find_dumps, rank_number, step_number
+from .dump_tree import find_dumps, rank_number, step_number
 from .reader import read_dump
 from probe.vocabulary import MEAN, NORM, STAT_KEYS
 

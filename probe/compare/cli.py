@@ -62,7 +62,7 @@ def options_of(args) -> CompareOptions:
 
 
 def _run(args) -> int:
-    from .api import compare, compare_distributed
+    from .entry_points import compare, compare_distributed
     if args.input_path and (args.npu or args.bench):
         given = " and ".join(f"--{k} {v}" for k, v in (("npu", args.npu), ("bench", args.bench)) if v)
         raise ConfigError(f"-i {args.input_path} and {given} both name the dumps: give -i compare.json, "
@@ -98,7 +98,7 @@ def _run(args) -> int:
         for p in (args.npu, args.bench):
             if not os.path.exists(p):
                 raise FileNotFoundError(f"no such dump: {p}")
-        from .layout import find_dumps
+        from .dump_tree import find_dumps
         npu, bench = find_dumps(args.npu), find_dumps(args.bench)
         if len(npu) == 1 and len(bench) == 1:      # two dump.json files or rank dirs: one pair
             if bench2:

@@ -25,7 +25,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from .layout import find_dumps, label, order, rank_number
+from .dump_tree import find_dumps, label, order, rank_number
 from .layout_file import LayoutRules
 from .shard_culprit import Culprit, find_culprit
 from .shard_merge import MergeReport, entry_tensors, merge_ranks

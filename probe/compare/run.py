@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from .causality import first_of_run, judge_step
-from .layout import find_dumps, label, order, pair_dumps, rank_number, step_number, tag_for
+from .dump_tree import find_dumps, label, order, pair_dumps, rank_number, step_number, tag_for
 from .options import CompareOptions, resolve_options
 from .pair_job import PairJob, lost_pair, run_pair
 

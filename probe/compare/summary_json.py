@@ -11,7 +11,7 @@ from collections import Counter
 
 from .diagnosis import N_STATE
 from .engine import load_stacks
-from .layout import step_of
+from .dump_tree import step_of
 from probe.vocabulary import SUMMARY_METRICS, forward_of
 
 SCHEMA = "probe.compare_summary/1"

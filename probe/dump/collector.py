@@ -16,9 +16,8 @@ from probe.dump.call_site import as_called
 from probe.dump.entry_builder import EntryBuilder
 from probe.dump.records import ForwardEntry
 from probe.hook_module import grad_capture
-from probe.hook_module.own_work import no_function_mode
-from probe.hook_module.sections import in_place
-from probe.vocabulary import scope_key
+from probe.hook_module.torch_function_off import no_function_mode
+from probe.vocabulary import in_place, scope_key
 
 
 class CallFilter:

@@ -40,7 +40,7 @@ import torch
 from probe.dump.compiled_operators import OPERATOR_NODE_NAMES, OperatorNames
 from probe.dump.records import BackwardEntry, ForwardEntry, describe_value
 from probe.dump.stack import format_frame, is_plumbing
-from probe.hook_module.own_work import no_function_mode
+from probe.hook_module.torch_function_off import no_function_mode
 from probe.log_once import LogOnce
 from probe.torch_compat import TORCH
 

@@ -14,7 +14,7 @@ from probe.dump import dtensor_layout, stats
 from probe.dump.records import BackwardEntry, ForwardEntry, describe_value
 from probe.dump.stack import StackTable
 from probe.hook_module.interceptor import guard
-from probe.hook_module.own_work import no_function_mode
+from probe.hook_module.torch_function_off import no_function_mode
 from probe.log_once import LogOnce
 from probe.vocabulary import NO_STATS, STAT_KEYS
 

@@ -20,7 +20,7 @@ from probe.dump.modules import blocked
 from probe.dump.records import ForwardEntry
 from probe.hook_module.grad_capture import input_slots, output_slots
 from probe.hook_module.interceptor import state
-from probe.hook_module.own_work import no_function_mode
+from probe.hook_module.torch_function_off import no_function_mode
 from probe.torch_compat import op_name
 
 _current_node = torch._C._current_autograd_node

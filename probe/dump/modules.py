@@ -28,7 +28,7 @@ from probe.dump.construct import OPTIMIZER
 from probe.dump.records import ForwardEntry
 from probe.hook_module import grad_capture
 from probe.hook_module.interceptor import state
-from probe.hook_module.own_work import no_function_mode
+from probe.hook_module.torch_function_off import no_function_mode
 from probe.log_once import LogOnce
 from probe.python_compat import SLOTS
 from probe.tensor_tree import flat_tensors

@@ -27,7 +27,7 @@ from typing import Callable, Optional
 import torch
 
 from probe.hook_module.interceptor import guard
-from probe.hook_module.own_work import no_function_mode
+from probe.hook_module.torch_function_off import no_function_mode
 from probe.log_once import LogOnce
 from probe.tensor_tree import flat_tensors
 from probe.torch_compat import compiling as _is_compiling

@@ -33,7 +33,7 @@ import weakref
 import torch
 
 from probe.forensics import hub as _hub
-from probe.forensics._common import format_frames, log, log_once, module_path, user_line, write_json
+from probe.forensics.evidence import format_frames, log, log_once, module_path, user_line, write_json
 from probe.tensor_tree import flat_tensors
 
 _MAX_NODES = 256           # a walk that goes further has left the call's own subgraph

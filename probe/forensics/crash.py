@@ -29,7 +29,7 @@ import traceback
 import torch
 
 from probe.forensics import hub as _hub
-from probe.forensics._common import (
+from probe.forensics.evidence import (
     cpu_copy,
     current_rank,
     describe_tensor,

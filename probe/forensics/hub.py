@@ -21,9 +21,9 @@ import threading
 
 import torch
 
-from probe.forensics._common import capture, log_once
-from probe.hook_module.own_work import no_function_mode
+from probe.forensics.evidence import capture, log_once
 from probe.hook_module.registry import FuncNames
+from probe.hook_module.torch_function_off import no_function_mode
 from probe.torch_compat import op_name
 
 CUSTOM_PREFIX = "Custom."

@@ -23,7 +23,7 @@ import threading
 import torch
 
 from probe.forensics import hub as _hub
-from probe.forensics._common import format_frames, log, module_path, user_line, write_json
+from probe.forensics.evidence import format_frames, log, module_path, user_line, write_json
 from probe.tensor_tree import flat_tensors, map_tensors
 
 _SKIP_REASONS = (

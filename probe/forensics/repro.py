@@ -25,7 +25,7 @@ import re
 import numpy as np
 import torch
 
-from probe.compare.layout import find_dumps
+from probe.compare.dump_tree import find_dumps
 from probe.compare.reader import read_dump
 from probe.compare.tensors import resolve as _resolve_data
 from probe.errors import ConfigError

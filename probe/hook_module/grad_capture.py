@@ -23,7 +23,7 @@ import threading
 import torch
 
 from probe.hook_module.interceptor import state as _state
-from probe.hook_module.own_work import no_function_mode
+from probe.hook_module.torch_function_off import no_function_mode
 
 log = logging.getLogger(__name__)
 _MAX_NODES = 256          # a walk that goes further has left the call's own subgraph

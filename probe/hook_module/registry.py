@@ -21,8 +21,8 @@ import yaml
 from probe.errors import ConfigError
 from probe.hook_module import collectives
 from probe.hook_module.operators import OperatorNames
-from probe.hook_module.sections import SECTION_PREFIX  # noqa: F401  (re-exported)
 from probe.torch_compat import indexing_reaches_function_modes
+from probe.vocabulary import SECTION_PREFIX  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 DEFAULT_YAML = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support_wrap_ops.yaml")

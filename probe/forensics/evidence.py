@@ -1,4 +1,6 @@
-"""Small helpers shared by the forensics features: stacks, module paths, files, logging.
+"""What the forensics features record about a call, and how: its stack (captured cheaply,
+formatted late), its module path and user line, its tensors (described, copied, summarised
+with the dump's statistic keys), the JSON files they write, a failure said once.
 
 Everything here runs inside a user's training step, so every function is cheap on the
 path that runs per call (frame walks keep code objects, formatting waits for a report)
