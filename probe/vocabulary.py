@@ -270,8 +270,10 @@ NO_STATS = dict.fromkeys(STAT_KEYS)                    # a summary's statistics 
 # A compare row's Result (verdict.Verdict), worst last.
 PASS, WARNING, ERROR = "pass", "warning", "error"
 RESULTS = (PASS, WARNING, ERROR)
-# A call's status in the diagnosis (the report page's filter).
-CALL_STATUSES = ("clean", "introduces", "inherits", "unmatched", "not compared")
+# A call's status in the diagnosis (diagnosis.CallDiag.status).
+CALL_STATUSES = ("clean", "introduces", "inherits", "can't tell", "draw", "unmatched", "not compared")
+# The statuses the report page tells apart, in its order (the others show as its first).
+PAGE_STATUSES = ("clean", "introduces", "inherits", "unmatched", "not compared")
 # A step/rank pair's verdict in a whole-run compare (the run's grid).
 RUN_VERDICTS = ("clean", "introduces", "inherits", "inputs_differ", "missing", "failed")
 

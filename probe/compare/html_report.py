@@ -20,13 +20,10 @@ from importlib import resources
 import numpy as np
 
 from .summary_json import StackLookup
+from probe.errors import ConfigError
+from probe.vocabulary import PAGE_METRICS, PAGE_STATUSES, RUN_VERDICTS
 
-STATUS = ["clean", "introduces", "inherits", "unmatched", "not compared"]
-_ROW_METRICS = {
-    "statistics": ["Max diff", "Min diff", "Mean diff", "L2norm diff", "NormRelativeErr", "Err/Tolerance"],
-    "tensor": ["Cosine", "MaxAbsErr", "MaxRelativeErr", "EucDist", "Err/Tolerance"],
-    "md5": ["NPU MD5", "BENCH MD5"],
-}
+STATUS = list(PAGE_STATUSES)
 _FRAME = re.compile(r'File "?(?P<file>[^",]+)"?, line (?P<line>\d+), in (?P<func>[^,\n]+)')
 _LIBRARY = re.compile(r"[/\\](torch|torch_npu|msprobe)[/\\]|[/\\]probe[/\\](?!demo\.py)|<frozen ")
 _STEP = re.compile(r"(?:^|[/\\])step(\d+)(?:[/\\]|$)")
@@ -219,7 +216,7 @@ def page_data(result, diag, digest, files: dict | None = None) -> str:
                          zip(cols["NPU Tensor Shape"], cols["Bench Tensor Shape"])])
     results, res = _codes(cols["Result"])
     dirs, rd = _codes([v or "other" for v in cols["Direction"]])
-    metrics = [m for m in _ROW_METRICS.get(result.mode, []) if m in cols]
+    metrics = [m for m in PAGE_METRICS.get(result.mode, []) if m in cols]
     gids, gpaths, gkind = _groups(result, calls)
     status = {s: k for k, s in enumerate(STATUS)}
     step, rank = step_rank(result.npu.json_path if result.npu else None)
@@ -279,14 +276,13 @@ def write_page(result, diag, digest, path: str, files: dict | None = None) -> st
 
 
 RUN_SCHEMA = "probe.run_summary/1"
-RUN_VERDICTS = ("clean", "introduces", "inherits", "inputs_differ", "missing", "failed")
 
 
 def write_run_page(run_summary: dict, out_path: str) -> str:
     """Write the page of a whole run (schema ``probe.run_summary/1``): the first divergence
     and the steps x ranks grid, each cell linking to its pair's page by relative path."""
     if not isinstance(run_summary, dict) or run_summary.get("schema") != RUN_SCHEMA:
-        raise ValueError(f"write_run_page: run_summary must be a dict with schema {RUN_SCHEMA!r}")
+        raise ConfigError(f"write_run_page: run_summary must be a dict with schema {RUN_SCHEMA!r}")
     base = os.path.dirname(os.path.abspath(out_path))
 
     def rel(p):
@@ -296,7 +292,7 @@ def write_run_page(run_summary: dict, out_path: str) -> str:
     for cell in run_summary.get("grid", []):
         v = cell.get("verdict")
         if v not in RUN_VERDICTS:
-            raise ValueError(f"write_run_page: grid verdict {v!r} is not one of {', '.join(RUN_VERDICTS)}")
+            raise ConfigError(f"write_run_page: grid verdict {v!r} is not one of {', '.join(RUN_VERDICTS)}")
         grid.append(dict(cell, html=rel(cell.get("html")), report=rel(cell.get("report"))))
     fd = run_summary.get("first_divergence")
     if fd:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from probe.tolerances import TOLERANCES
+from probe.tolerances import tolerance_for
 
 from .shard_merge import MergedTensor
 from .tensors import load
@@ -79,7 +79,7 @@ def _by_slices(mt: MergedTensor, bench: np.ndarray, rtol: float) -> Culprit:
 
 
 def _by_statistics(mt: MergedTensor, bench: tuple, rtol: float) -> Culprit:
-    tol = TOLERANCES.get(dtype_class(mt.dtype) or "") or TOLERANCES["float32"]
+    tol = tolerance_for(dtype_class(mt.dtype))
     numel = math.prod(mt.shape) or 1
     b_max, b_min, _, b_norm = bench
     b_rms = b_norm / math.sqrt(numel) if math.isfinite(b_norm) else math.nan
