@@ -39,7 +39,7 @@ class DumpConfig:
     seed: Optional[int] = None  # None: leave the RNGs alone
     is_deterministic: bool = False
     enable_dataloader: bool = False
-    async_dump: bool = False
+    async_dump: bool = True    # on an accelerator: statistics fetched at flushes, not per call
     backward_origin: bool = False   # name the forward API behind a failing backward (costs ~40 us/call)
     wrap_ops_yaml: Optional[str] = None
     random_from: Optional[str] = None   # an NPU dump root whose random draws this (bench) run takes

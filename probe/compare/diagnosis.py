@@ -500,8 +500,12 @@ def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | 
 
 # APIs that divide by their input's spread: a difference in the input, however small against
 # its magnitude, can come out several times larger against the output's (statistics mode).
+# Adam's update is one: exp_avg / sqrt(exp_avg_sq) is about +-1 whatever the gradient's size,
+# so a gradient near zero that differs in the last bits moves its weight by the whole step.
 NORMALIZING = frozenset({"layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "normalize",
-                         "softmax", "log_softmax", "_softmax", "_log_softmax", "npu_rms_norm"})
+                         "softmax", "log_softmax", "_softmax", "_log_softmax", "npu_rms_norm",
+                         "addcdiv", "addcdiv_", "_foreach_addcdiv", "_foreach_addcdiv_", "_fused_adam_",
+                         "_fused_adamw_"})
 # Elementwise APIs that keep or reverse order: the NPU side's output extremes must be the
 # function of its own input extremes (statistics mode's re-run). +1 increasing, -1 decreasing.
 MONOTONE = {"sqrt": ("sqrt", 1), "sqrt_": ("sqrt", 1), "rsqrt": ("rsqrt", -1), "rsqrt_": ("rsqrt", -1),
