@@ -236,12 +236,6 @@ def backward_of(name: str) -> Optional[str]:
     return EntryName(n.prefix, n.api, n.index, BACKWARD).entry
 
 
-def module_entry(module: str, direction: str, index: Optional[int]) -> str:
-    """``Module.a.Linear`` + ``forward`` + 0 -> ``Module.a.Linear.forward.0`` (module
-    entries put the counter last; ``parameters_grad`` counts backward passes)."""
-    return f"{module}.{direction}" if index is None else f"{module}.{direction}.{index}"
-
-
 # ---------------------------------------------------------------- statistics
 
 

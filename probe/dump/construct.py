@@ -24,9 +24,3 @@ class Construct:
 
     def to_json(self):
         return dict(self.tree)
-
-
-def backward_name(forward_name):
-    """``Module.a.Linear.forward.0`` -> ``Module.a.Linear.backward.0``."""
-    head, _, n = forward_name.rpartition(".forward.")
-    return f"{head}.backward.{n}"
