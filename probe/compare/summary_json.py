@@ -1,6 +1,6 @@
 """compare_summary.json: the diagnosis in a form a script or CI job can read.
 
-Schema "probe.compare_summary/1" (README, "compare_summary.json"). JSON has no NaN or
+Schema "probe.compare_summary/1" (docs/formats.md, "compare_summary.json"). JSON has no NaN or
 Infinity: a missing number is null, an infinite one the string "inf".
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Accuracy standards: per-tensor error metrics against the float64 golden, and verdicts.
 
-Sources (also in the README): msprobe's api_accuracy_checker (mindstudio-probe) for the
+Sources (also in docs/precheck.md): msprobe's api_accuracy_checker (mindstudio-probe) for the
 small-value domain, the error balance, the ULP standard and the benchmark method's ratio
 thresholds; IEEE-754 spacing for the dtype's epsilon. Metrics are computed in float64 on
 numpy arrays; compare.metrics supplies cosine, max errors and the thousandths ratios.
