@@ -147,6 +147,8 @@ class PrecisionDebugger:
             self._misuse("step-idle", f"step() without start() during step {self.current_step}: nothing was dumped")
         self._step_started = False
         self._stop()
+        if self._compile_hook is not None and self._dir_step == self.current_step:
+            self._compile_hook.after_step(self.model)
         if self._writer is not None and self._dir_step == self.current_step:
             self._write_meta(only_if_grown=True)   # backward entries that arrived after stop() add to construct.json
             self._writer.sync()

@@ -216,3 +216,14 @@ def fully_shard_api():
         if hasattr(module, "FSDPModule") and hasattr(module, "fully_shard"):
             return module.fully_shard
     return None
+
+
+def real_tensors():
+    """A context in which tensors are real even inside a compile's fake-tensor mode: the
+    dump's flush may come while dynamo compiles, and fetches numbers of real tensors."""
+    try:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+    except ImportError:   # torch < 2.2: no fake mode is left set where the dump flushes
+        import contextlib
+        return contextlib.nullcontext()
+    return unset_fake_temporarily()

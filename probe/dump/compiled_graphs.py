@@ -38,17 +38,19 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from probe.dump.compiled_operators import OPERATOR_NODE_NAMES, OperatorNames
-from probe.dump.records import BackwardEntry, ForwardEntry, describe_value
+from probe.dump.records import BackwardEntry, ForwardEntry, describe_value, tensor_summary
 from probe.dump.stack import format_frame, is_plumbing
+from probe.hook_module.interceptor import guard
 from probe.hook_module.torch_function_off import no_function_mode
 from probe.log_once import LogOnce
-from probe.torch_compat import TORCH
+from probe.torch_compat import TORCH, real_tensors
+from probe.vocabulary import STAT_KEYS
 
 log = logging.getLogger(__name__)
 _said = LogOnce(log)
 
 SUPPORTED = TORCH >= (2, 5)
-N_STATS = 4   # Max, Min, Mean, Norm: the layout of the in-graph vector, per tensor
+N_STATS = len(STAT_KEYS)   # Max, Min, Mean, Norm: the layout of the in-graph vector, per tensor
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 # Python operators in dynamo's graph -> the dunder an eager run names them by
@@ -102,6 +104,7 @@ class ApiCall:
     outputs: List[Any]
     stack: Optional[str]      # the FX node's stack_trace
     module: Optional[str]     # innermost nn_module_stack path
+    producers: List[str] = field(default_factory=list)   # per tensor input: its node's key
 
 
 @dataclass
@@ -110,6 +113,7 @@ class BackwardCall:
     source: str
     grads_in: List[TensorSlot]
     grads_out: List[Optional[TensorSlot]]
+    position: int = 0   # where its first node runs in the backward graph
 
 
 @dataclass
@@ -120,6 +124,7 @@ class GraphPlan:
     backward: List[BackwardCall] = field(default_factory=list)
     pending: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
     frames: Dict[str, list] = field(default_factory=dict)   # call -> its stack.json frames
+    inputs_of: Dict[str, List[str]] = field(default_factory=dict)   # node key -> its tensor inputs' keys
     extra: int = 1   # outputs added to the forward graph: the vector, then any tensors
 
 
@@ -152,6 +157,7 @@ class CompiledGraphs:
         collector = self.collector
         flt = collector.filter
         fill: list = []
+        made = []
         for call in plan.calls:
             n = collector.counters.get(call.api, 0)
             collector.counters[call.api] = n + 1
@@ -166,11 +172,11 @@ class CompiledGraphs:
                 entry.input_kwargs = {k: self._form(v, fill, tensors, f"{fwd}.{k}") for k, v in call.kwargs.items()}
             if flt.outputs:
                 entry.output = [self._form(o, fill, tensors, f"{fwd}.output.{i}") for i, o in enumerate(call.outputs)]
-            collector.writer.add_entry(fwd, entry)
+            made.append((fwd, entry))
             collector.stacks.record(fwd, plan.frames[call.source])
             if collector.construct is not None:
                 collector.construct.tree[fwd] = None
-        self._resolve(vector, fill)
+        self._write(vector, fill, made)
         return names
 
     def backward(self, plan: GraphPlan, names, vector, tensors):
@@ -179,6 +185,7 @@ class CompiledGraphs:
         if not flt.backward:
             return
         fill: list = []
+        made = []
         for call in plan.backward:
             base = names.get(call.source)
             if base is None or (not flt.everything and not flt.wants(base, base + ".backward")):
@@ -189,8 +196,8 @@ class CompiledGraphs:
                 entry.input = [self._form(g, fill, tensors, f"{bwd}.input.{i}") for i, g in enumerate(call.grads_in)]
             if flt.outputs:
                 entry.output = [self._form(g, fill, tensors, f"{bwd}.output.{i}") for i, g in enumerate(call.grads_out)]
-            collector.writer.add_entry(bwd, entry)
-        self._resolve(vector, fill)
+            made.append((bwd, entry))
+        self._write(vector, fill, made)
 
     def _form(self, slot, fill, tensors, file_stem):
         """An argument's entry form: a tensor's summary waits in ``fill`` for its numbers."""
@@ -200,27 +207,29 @@ class CompiledGraphs:
             return {k: self._form(x, fill, tensors, f"{file_stem}.{k}") for k, x in slot.items()}
         if not isinstance(slot, TensorSlot):
             return slot
-        s = {"type": "torch.Tensor", "dtype": slot.dtype, "shape": list(slot.shape),
-             "Max": None, "Min": None, "Mean": None, "Norm": None, "requires_grad": slot.requires_grad}
+        s = tensor_summary(slot.dtype, list(slot.shape), slot.requires_grad)
         fill.append((s, slot.index))
         if tensors:
             s["data_name"] = self.entries.save(tensors[slot.index], file_stem)
         return s
 
-    def _resolve(self, vector, fill):
-        if not fill:
-            return
-        if vector.device.type == "cpu":
-            _fill(vector.tolist(), fill)
-        else:
-            self._waiting.append((vector, fill))
+    def _write(self, vector, fill, made):
+        """Hand the entries to the writer once their numbers are in, or will be by the
+        flush that encodes them (it may come while they are being added)."""
+        if fill:
+            if vector.device.type == "cpu":
+                _fill(vector.tolist(), fill)
+            else:
+                self._waiting.append((vector, fill))
+        for name, entry in made:
+            self.collector.writer.add_entry(name, entry)
 
     def fill(self):
         """The writer's ``before_flush``: every waiting vector fetched in one transfer."""
         waiting, self._waiting = self._waiting, []
         if not waiting:
             return
-        with no_function_mode():
+        with no_function_mode(), real_tensors():
             values = torch.cat([v.to(waiting[0][0].device) for v, _ in waiting]).cpu().tolist()
         offset = 0
         for v, fill in waiting:
@@ -231,7 +240,7 @@ class CompiledGraphs:
 def _fill(values, fill):
     for summary, index in fill:
         i = index * N_STATS
-        summary["Max"], summary["Min"], summary["Mean"], summary["Norm"] = values[i:i + N_STATS]
+        summary.update(zip(STAT_KEYS, values[i:i + N_STATS]))
 
 
 # ---- building a plan: which nodes, which tensors ----------------------------------------
@@ -306,9 +315,7 @@ class _PlanBuilder:
             if value.dtype in _LOW_PRECISION:
                 raise _Refused("float16/bfloat16 values")
             if value.numel() == 0 or value.is_complex():   # nothing to reduce, as in an eager dump
-                return {"type": "torch.Tensor", "dtype": str(value.dtype), "shape": list(value.shape),
-                        "Max": None, "Min": None, "Mean": None, "Norm": None,
-                        "requires_grad": bool(value.requires_grad)}
+                return tensor_summary(str(value.dtype), list(value.shape), bool(value.requires_grad))
             tensors.append(node)
             self.nodes.append(node)
             return TensorSlot(len(self.nodes) - 1, str(value.dtype), list(value.shape), bool(value.requires_grad))
@@ -387,9 +394,10 @@ def _check_values(apis):
                     raise _Refused("float16/bfloat16 values")
 
 
-def instrument_forward(gm, by_func, dunders, with_tensors=False):
+def instrument_forward(gm, by_func, dunders, with_tensors=False, only=None):
     """Add the statistics of every registered call's tensors to ``gm`` as one extra output
-    (and, ``with_tensors``, the tensors themselves, detached, after it).
+    (and, ``with_tensors``, the tensors themselves, detached, after it); ``only``: the
+    APIs to instrument (default: every registered one).
 
     Returns the graph's :class:`GraphPlan`, or raises ``_Refused``. Inputs are summarised
     just before their call (an in-place API overwrites them), outputs just after; a tensor
@@ -399,6 +407,8 @@ def instrument_forward(gm, by_func, dunders, with_tensors=False):
     operators = OperatorNames()
     apis = {node: _api_name(node, by_func, dunders, operators) for node in graph.nodes
             if node.op in ("call_function", "call_method")}
+    if only is not None:
+        apis = {node: api if api in only else None for node, api in apis.items()}
     _check_values(apis)
     plan = GraphPlan()
     builder = _PlanBuilder(graph)
@@ -428,7 +438,21 @@ def instrument_forward(gm, by_func, dunders, with_tensors=False):
     return plan
 
 
+def _node_key(node):
+    """What AOT's backward graph calls the forward node (``fwd_source_fn_stack``), or, for
+    an input of the graph, ``primal:K`` (its gradient is the backward graph's output K)."""
+    if node.op == "placeholder":
+        return f"primal:{node.meta['_probe_primal']}"
+    source = node.meta.get("source_fn_stack")
+    return source[-1][0] if source else node.name
+
+
 def _add_statistics(graph, apis, plan, builder, summarised, vectors, created):
+    for i, node in enumerate(n for n in graph.nodes if n.op == "placeholder"):
+        node.meta["_probe_primal"] = i
+    for node in graph.nodes:
+        if node.op in ("call_function", "call_method"):
+            plan.inputs_of[_node_key(node)] = [_node_key(a) for a in node.all_input_nodes if _is_tensor(a)]
     for node in list(graph.nodes):
         if node.op not in ("call_function", "call_method"):
             continue
@@ -471,8 +495,10 @@ def _add_statistics(graph, apis, plan, builder, summarised, vectors, created):
         if after:
             with graph.inserting_after(last):
                 vectors.append(graph.call_function(_summarise, tuple(after)))
-        plan.calls.append(ApiCall(api, key, args, kwargs, outputs,
-                                  node.meta.get("stack_trace"), _module_path(node)))
+        tensor_inputs = [a for a in list(node.args) + list(node.kwargs.values()) for a in _flat([a])
+                         if isinstance(a, torch.fx.Node) and _is_tensor(a)]
+        plan.calls.append(ApiCall(api, key, args, kwargs, outputs, node.meta.get("stack_trace"),
+                                  _module_path(node), [_node_key(a) for a in tensor_inputs]))
 
 
 # ---- backward: gradients of each call, from AOT's backward graph ------------------------
@@ -510,6 +536,7 @@ def instrument_backward(gm, plan: GraphPlan, with_tensors=False):
     """
     graph = gm.graph
     by_source = collections.defaultdict(list)
+    position = {node: i for i, node in enumerate(graph.nodes)}
     for node in graph.nodes:
         src = _fwd_source(node)
         if src is not None and node.op == "call_function" and not node.meta.get("source_fn_stack"):
@@ -545,21 +572,68 @@ def instrument_backward(gm, plan: GraphPlan, with_tensors=False):
                      and any(u not in members or u is out_node for u in n.users)]
         grads_out: List[Optional[TensorSlot]] = []
         free = list(handed_on)
-        for s in in_slots:
-            match = next((n for n in free if _shape(n) == s.shape), None)
+        goes_to = {n: _destinations(n, members, out_node) for n in handed_on}
+        for s, producer in zip(in_slots, call.producers + [None] * len(in_slots)):
+            # the gradient that reaches the backward of the call (or the graph input) that
+            # made this input; failing that, the next of the same shape
+            wanted = _backward_owners(producer, plan.inputs_of, by_source)
+            match = next((n for n in free if _shape(n) == s.shape and wanted & goes_to[n]), None) \
+                if wanted else None
+            if match is None:
+                match = next((n for n in free if _shape(n) == s.shape), None)
             if match is not None:
                 free.remove(match)
             grads_out.append(None if match is None else slot(match))
         ordered_in = sorted(flowing_in, key=lambda a: out_shapes.index(_shape(a)))
-        backward.append(BackwardCall(call.source, [slot(a) for a in ordered_in], grads_out))
+        backward.append(BackwardCall(call.source, [slot(a) for a in ordered_in], grads_out,
+                                     min(position[n] for n in group)))
     if not tensors:
         return None
+    backward.sort(key=lambda c: c.position)   # as the backward pass runs them, as an eager dump lists them
     vector = _graph_copy_summarise(graph, tensors, before=out_node)
     results = out_node.args[0]
     out_node.args = ((*results, vector, *(tensors if with_tensors else ())),)
     graph.lint()
     gm.recompile()
     return backward
+
+
+def _destinations(node, members, out_node):
+    """Where a gradient a call's backward hands on ends up: the sources of the backward
+    nodes that use it (through additions that sum it with others), ``primal:K`` for the
+    graph's output K."""
+    found = set()
+    todo = [(node, u) for u in node.users if u not in members]
+    seen = set()
+    while todo:
+        prev, u = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u is out_node:
+            outs = u.args[0]
+            found.update(f"primal:{k}" for k, o in enumerate(outs) if o is prev)
+            continue
+        src = _fwd_source(u)
+        if src is not None and not u.meta.get("source_fn_stack"):
+            found.add(src)
+        else:   # an accumulation or view with no forward call: look past it
+            todo.extend((u, w) for w in u.users)
+    return found
+
+
+def _backward_owners(key, inputs_of, by_source, depth=0):
+    """The node keys whose backward receives the gradient of the forward value ``key``: the
+    call itself if its backward computes something, else (a view, an addition) those that
+    made its inputs, and so on."""
+    if key is None or depth > 32:
+        return set()
+    if key.startswith("primal:") or key in by_source:
+        return {key}
+    owners = set()
+    for k in inputs_of.get(key) or ():
+        owners |= _backward_owners(k, inputs_of, by_source, depth + 1)
+    return owners
 
 
 def _flat(items):
@@ -633,6 +707,122 @@ class _Stripped:
         return getattr(self.compiled, name)
 
 
+class _Verified:
+    """A graph compiled with probe's outputs and without; its first call decides which runs.
+
+    Added outputs change which intermediates inductor stores and how it splits its loops,
+    and with that, sometimes, the code that computes the model's own numbers (a vectorised
+    ``cos`` where the scalar one ran, a multiply-add fused or not): not bitwise any more.
+    So the first call runs the plain and the instrumented version on the same inputs, random
+    state and buffers restored between them, and a backward of each with the same random
+    gradients; the instrumented graph is kept only where every output and input gradient is
+    bitwise the plain graph's. If it is not, the next candidate is tried: the graph with
+    only the calls inductor runs as extern kernels (matrix products, convolutions,
+    attention), whose inputs and outputs it stores anyway; then the plain graph, said once.
+    What it costs: one extra compile per graph (two where the first candidate fails), and
+    two extra forwards and backwards at its first call.
+    """
+
+    def __init__(self, plain, candidates, hook):
+        self.plain = plain
+        self.candidates = candidates   # instrumented callables, or functions making one
+        self.hook = hook
+        self.chosen = None
+        self._boxed_call = getattr(plain, "_boxed_call", False)   # as dynamo calls it; passed through
+
+    def __call__(self, *args):
+        if self.chosen is None:
+            with guard(), no_function_mode():   # compiling and checking are no calls of the user's
+                self.chosen = self._choose(args)
+        return self.chosen(*args)
+
+    def _choose(self, args):
+        boxed = len(args) == 1 and isinstance(args[0], list)   # one list: the boxed convention
+        inputs = list(args[0]) if boxed else list(args)
+        for candidate in self.candidates:
+            if candidate is not None and not isinstance(candidate, _Stripped):
+                candidate = candidate()   # compiled only when needed
+            if candidate is None:
+                continue
+            self.hook.checking = True
+            try:
+                if _same_numbers(self.plain, candidate, inputs, boxed):
+                    return candidate
+            except Exception as exc:   # the check itself failed: keep the model's numbers
+                _said.warning("check", "probe: checking an instrumented graph failed (%s: %s); it runs as "
+                              "compiled without probe", type(exc).__name__, exc)
+                break
+            finally:
+                self.hook.checking = False
+        _said.warning("numerics", "probe: a compiled graph with probe's statistics computes the model's numbers "
+                      "differently (inductor fused or vectorised it otherwise): left unhooked, its APIs are not "
+                      "dumped")
+        return self.plain
+
+    def __getattr__(self, name):
+        return getattr(self.plain, name)
+
+
+def _same_numbers(plain, instrumented, inputs, boxed):
+    """Are ``instrumented``'s outputs and input gradients bitwise ``plain``'s on ``inputs``?"""
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    buffers = [(t, t._version, t.detach().clone()) for t in tensors if not t.requires_grad]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+    def restore():
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        with torch.no_grad(), no_function_mode():
+            for t, version, copy in buffers:
+                if t._version != version:   # the graph updated it (running statistics)
+                    t.copy_(copy)
+
+    def run(fn):
+        restore()
+        return fn(list(inputs)) if boxed else fn(*inputs)
+
+    try:
+        with no_function_mode():
+            outs_p, outs_i = run(plain), run(instrumented)
+            if len(outs_p) != len(outs_i) or not all(_bitwise(a, b) for a, b in zip(outs_p, outs_i)):
+                return False
+            needs = [t for t in tensors if t.requires_grad]
+            grad_p = [o for o in outs_p if isinstance(o, torch.Tensor) and o.requires_grad]
+            grad_i = [o for o in outs_i if isinstance(o, torch.Tensor) and o.requires_grad]
+            if not (needs and grad_p and torch.is_grad_enabled()):
+                return True
+            gen = torch.Generator(device=grad_p[0].device).manual_seed(0)
+            seeds = [torch.randn(o.shape, dtype=o.dtype, device=o.device, generator=gen) for o in grad_p]
+            gp = torch.autograd.grad(grad_p, needs, seeds, allow_unused=True)
+            gi = torch.autograd.grad(grad_i, needs, seeds, allow_unused=True)
+            return all(_bitwise(a, b) for a, b in zip(gp, gi))
+    finally:
+        restore()
+
+
+def _bitwise(a, b):
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return a is None and b is None or (not isinstance(a, torch.Tensor) and a == b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.is_floating_point:
+        width = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[a.element_size()]
+        return torch.equal(a.detach().contiguous().view(width), b.detach().contiguous().view(width))
+    return torch.equal(a, b)
+
+
+def _copy_graph_module(gm):
+    """A GraphModule over a copy of ``gm``'s graph (same attributes and node metadata)."""
+    graph = torch.fx.Graph()
+    graph._codegen = gm.graph._codegen
+    graph.output(graph.graph_copy(gm.graph, {}))
+    copy = torch.fx.GraphModule(gm, graph)
+    copy.meta = dict(getattr(gm, "meta", {}))
+    return copy
+
+
 _inside = threading.local()
 
 
@@ -651,6 +841,8 @@ class CompileHook:
         self.by_func = by_func
         self.dunders = dunders
         self._original: Optional[Callable] = None
+        self.instrumented = 0   # graphs compiled with their statistics
+        self.checking = False   # a graph's first call is comparing its two versions: record nothing
 
     def install(self):
         if not SUPPORTED:
@@ -670,35 +862,74 @@ class CompileHook:
             cfx.compile_fx = self._original
         self._original = None
 
+    def after_step(self, model):
+        """Say once when ``model`` ran compiled but none of its graphs came through here."""
+        if self._original is None or self.instrumented or model is None:
+            return
+        from probe.dump.modules import runs_compiled
+        models = model if isinstance(model, (list, tuple)) else [model]
+        if any(runs_compiled(m) for m in models):
+            _said.warning("not-inductor", "probe: the model runs compiled but none of its graphs went through "
+                          "inductor since the debugger was built (another backend, or compiled before): only "
+                          "what runs eagerly is dumped")
+
     def compile(self, gm, example_inputs, *args, **kwargs):
         original = self._original
         if original is None or getattr(_inside, "on", False) or not isinstance(gm, torch.fx.GraphModule):
             return (original or _compile_fx())(gm, example_inputs, *args, **kwargs)
         reason = _refusal(kwargs.get("config_patches") or {})
-        plan = None
-        if reason is None:
-            try:
-                plan = instrument_forward(gm, self.by_func, self.dunders, self.with_tensors)
-            except _Refused as exc:
-                reason = str(exc)
-            except Exception as exc:   # probe's bug: the graph compiles as it was
-                _said.warning("instrument", "probe: instrumenting a compiled graph failed (%s: %s); its APIs "
-                              "are not dumped", type(exc).__name__, exc)
-        if plan is None:
-            if reason is not None:
-                _said.warning(reason, "probe: a compiled graph with %s is not instrumented: its APIs are not "
-                              "dumped (%s)", reason, _WHY.get(reason, ""))
-            return original(gm, example_inputs, *args, **kwargs)
-        kwargs["inner_compile"] = self._inner(kwargs.get("inner_compile"), plan)
+        spare = _copy_graph_module(gm)   # for the plain version, and the fallback's
         _inside.on = True
+        state = guard()
+        state.__enter__()
         try:
-            with torch._functorch.config.patch(enable_autograd_cache=False):   # its hits skip inner_compile
-                compiled = original(gm, example_inputs, *args, **kwargs)
+            instrumented = None
+            if reason is None:
+                try:
+                    instrumented = self._instrumented(_copy_graph_module(spare), example_inputs, args, kwargs, None)
+                except _Refused as exc:
+                    reason = str(exc)
+            if instrumented is None:
+                if reason is not None:
+                    _said.warning(reason, "probe: a compiled graph with %s is not instrumented: its APIs are not "
+                                  "dumped (%s)", reason, _WHY.get(reason, ""))
+                return original(gm, example_inputs, *args, **kwargs)
+            plain = original(gm, example_inputs, *args, **kwargs)
         finally:
+            state.__exit__()
             _inside.on = False
+
+        def fallback():   # only the calls inductor runs as extern kernels (see _Verified)
+            _inside.on = True
+            try:
+                return self._instrumented(spare, example_inputs, args, kwargs, EXTERN_KERNEL_APIS)
+            except _Refused:
+                return None
+            finally:
+                _inside.on = False
+        return _Verified(plain, [instrumented, fallback], self)
+
+    def _instrumented(self, gm, example_inputs, args, kwargs, only):
+        """``gm`` compiled with the statistics of its calls (``only`` those APIs), or None."""
+        try:
+            plan = instrument_forward(gm, self.by_func, self.dunders, self.with_tensors, only)
+        except _Refused:
+            raise
+        except Exception as exc:   # probe's bug: the graph compiles as it was
+            _said.warning("instrument", "probe: instrumenting a compiled graph failed (%s: %s); its APIs "
+                          "are not dumped", type(exc).__name__, exc)
+            return None
+        if plan is None:
+            return None
+        self.instrumented += 1
+        kwargs = dict(kwargs, inner_compile=self._inner(kwargs.get("inner_compile"), plan))
+        with torch._functorch.config.patch(enable_autograd_cache=False):   # its hits skip inner_compile
+            compiled = self._original(gm, example_inputs, *args, **kwargs)
         return _Stripped(compiled, plan.extra, lambda vector, tensors: self._forward_ran(plan, vector, tensors))
 
     def _forward_ran(self, plan, vector, tensors):
+        if self.checking:
+            return
         recorder = self.recorder
         names = recorder.forward(plan, vector, tensors) if recorder.active else None
         if torch.is_grad_enabled():
@@ -727,10 +958,21 @@ class CompileHook:
         return compile_inner
 
     def _backward_ran(self, plan, vector, tensors):
+        if self.checking:
+            return
         names = plan.pending.pop() if plan.pending else None
         if names is not None and self.recorder.active:
             self.recorder.backward(plan, names, vector, tensors)
 
+
+# APIs inductor lowers to extern kernels (aten's or a library's): their inputs and outputs
+# are stored whatever probe reads, so statistics of them leave the graph's kernels as they were
+EXTERN_KERNEL_APIS = frozenset({
+    "Functional.linear", "Functional.bilinear", "Functional.conv1d", "Functional.conv2d", "Functional.conv3d",
+    "Functional.conv_transpose1d", "Functional.conv_transpose2d", "Functional.conv_transpose3d",
+    "Functional.scaled_dot_product_attention", "Torch.matmul", "Torch.mm", "Torch.bmm", "Torch.addmm",
+    "Torch.baddbmm", "Torch.addbmm", "Torch.einsum", "Torch.conv2d", "Tensor.matmul", "Tensor.mm",
+    "Tensor.bmm", "Tensor.__matmul__", "Tensor.__rmatmul__"})
 
 _WHY = {
     "CUDA graphs": "their outputs are overwritten at the next replay",

@@ -16,6 +16,7 @@ from probe.dump.stack import StackTable
 from probe.hook_module.interceptor import guard
 from probe.hook_module.torch_function_off import no_function_mode
 from probe.log_once import LogOnce
+from probe.torch_compat import real_tensors
 from probe.vocabulary import NO_STATS, STAT_KEYS
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ class EntryBuilder:
         """async_dump: fill every summary waiting for its numbers, in one host transfer."""
         pending, self.cache.deferred[:] = list(self.cache.deferred), []
         if pending:
-            with guard(), no_function_mode():
+            with guard(), no_function_mode(), real_tensors():   # a flush may come while dynamo compiles
                 values = stats.fetch([r for _, _, r in pending])
             for (summary, _, _), v in zip(pending, values):
                 summary.update(zip(STAT_KEYS, v))

@@ -1,0 +1,236 @@
+"""Registered APIs inside torch.compile'd (inductor) graphs, dumped as an eager run names
+them: HF GPT-2 and Llama from configs and a small transformer, compiled on the CPU and
+trained with AdamW for several steps.
+
+Checked: the compiled dump pairs with the eager dump by name, with statistics equal within
+float32 reordering; training is bitwise the same compiled run without the debugger; no
+graph break or recompile is added; a wrong inductor lowering is named by the compare at
+its step, and a clean compiled run against eager names nothing; what is left unhooked is
+said once.
+"""
+import glob
+import json
+import logging
+import math
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from conftest import LogCapture  # noqa: E402
+from inductor_fault import wrong_lowering  # noqa: E402
+from models import make_gpt  # noqa: E402
+
+from probe import PrecisionDebugger  # noqa: E402
+from probe.dump import compiled_graphs  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not compiled_graphs.SUPPORTED,
+                                reason="torch < 2.5: compiled graphs are dumped only where they run eagerly")
+STEPS = 3
+
+
+def _hf(kind):
+    import real_runs
+    g = torch.Generator().manual_seed(1)
+    model = real_runs.MODELS[kind]()
+    batches = [real_runs._batch(kind, g) for _ in range(STEPS)]
+    return model, batches, lambda m, x, y: real_runs._loss(kind, m, x, y)
+
+
+def _tiny():
+    model, x, y = make_gpt(d=32, n_layers=2)
+
+    def loss_fn(m, x, y):
+        out = m(x)
+        return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    return model, [(x, y)] * STEPS, loss_fn
+
+
+MODELS = {"tiny": _tiny, "gpt2": lambda: _hf("gpt2"), "llama": lambda: _hf("llama")}
+
+
+def train(kind, root=None, compiled=True, task="statistics", fault=None):
+    """STEPS AdamW steps; the parameters after them. ``root``: dump there (L1)."""
+    import torch._dynamo as dynamo
+    dynamo.reset()
+    model, batches, loss_fn = MODELS[kind]()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    run = torch.compile(model) if compiled else model
+    dbg = PrecisionDebugger(dump_path=str(root), task=task, level="L1") if root else None
+    try:
+        with fault if fault is not None else _nothing():
+            for x, y in batches:
+                if dbg:
+                    dbg.start()
+                opt.zero_grad()
+                loss_fn(run, x, y).backward()
+                opt.step()
+                if dbg:
+                    dbg.stop()
+                    dbg.step()
+    finally:
+        if dbg:
+            dbg.close()
+        dynamo.reset()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def data(root, step=0):
+    (path,) = glob.glob(os.path.join(str(root), f"step{step}", "*", "dump.json"))
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)["data"]
+
+
+def stats(entry):
+    """(Max, Min, Mean, Norm) of every tensor of an entry, in order."""
+    found = []
+
+    def walk(v):
+        if isinstance(v, dict):
+            if "Max" in v:
+                found.append((v["Max"], v["Min"], v["Mean"], v["Norm"]))
+            else:
+                for x in v.values():
+                    walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+    for part in ("input_args", "input_kwargs", "output", "input"):
+        walk(entry.get(part))
+    return found
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compiled_tiny")
+    runs = {"compiled": train("tiny", root / "compiled"), "plain": train("tiny"),
+            "eager": train("tiny", root / "eager", compiled=False)}
+    return root, runs
+
+
+def test_names_and_statistics_pair_with_eager(tiny_runs):
+    """Every call of the compiled model is in the dump under the name an eager run gives it,
+    forward and backward, at every step, and its statistics are the eager run's within
+    float32 reordering (at the first step: after it the weights differ as much)."""
+    root, _ = tiny_runs
+    for step in range(STEPS):
+        compiled, eager = data(root / "compiled", step), data(root / "eager", step)
+        inside = [k for k in eager if k.startswith(("Functional.", "Tensor.view", "Tensor.transpose"))
+                  and not k.startswith("Functional.cross_entropy")]
+        assert inside and any(k.endswith(".backward") for k in inside)
+        # a view's or transpose's backward computes nothing in a compiled graph: no entry
+        wanted = [k for k in inside if k.endswith(".forward") or k.startswith("Functional.")]
+        missing = [k for k in wanted if k not in compiled]
+        assert not missing, missing
+        assert not [k for k in compiled if k not in eager], "names an eager run does not give"
+        if step:
+            continue   # AdamW turns the runs' float32 differences into different weights
+        for name in wanted:
+            a, b = stats(compiled[name]), stats(eager[name])
+            assert len(a) == len(b), name
+            for sa, sb in zip(a, b):
+                for x, y in zip(sa, sb):
+                    assert math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-5 * (1 + abs(sb[0]) + abs(sb[1]))), \
+                        (name, sa, sb)
+
+
+def test_training_is_bitwise_the_compiled_run_without_probe(tiny_runs):
+    _, runs = tiny_runs
+    assert all(torch.equal(a, b) for a, b in zip(runs["compiled"], runs["plain"]))
+
+
+def test_stack_and_module_of_a_compiled_call(tiny_runs):
+    """The stack of a call inside the graph is its FX node's: the model's line, innermost first."""
+    root, _ = tiny_runs
+    (stack_path,) = glob.glob(os.path.join(str(root / "compiled"), "step0", "*", "stack.json"))
+    with open(stack_path, encoding="utf-8") as fh:
+        stacks = json.load(fh)
+    frames = next(f for names, f in stacks.values() if "Functional.gelu.0.forward" in names)
+    assert "models.py" in frames[0] and "F.gelu" in frames[0], frames[0]
+    assert not any(os.sep + "probe" + os.sep + "dump" in f for f in frames)
+
+
+def test_tensor_mode_saves_the_tensors_and_stays_bitwise(tmp_path, tiny_runs):
+    _, runs = tiny_runs
+    params = train("tiny", tmp_path / "t", task="tensor")
+    assert all(torch.equal(a, b) for a, b in zip(params, runs["plain"]))
+    entries = data(tmp_path / "t")
+    gelu = entries["Functional.gelu.0.forward"]["output"][0]
+    folder = glob.glob(os.path.join(str(tmp_path / "t"), "step0", "*", "dump_tensor_data"))[0]
+    import numpy as np
+    saved = np.load(os.path.join(folder, gelu["data_name"]), allow_pickle=False)
+    assert saved.shape == tuple(gelu["shape"])
+    assert math.isclose(float(saved.max()), gelu["Max"], rel_tol=1e-6)
+    grad = entries["Functional.gelu.0.backward"]["input"][0]
+    assert os.path.exists(os.path.join(folder, grad["data_name"]))
+
+
+def test_no_graph_break_or_recompile_added():
+    from torch._dynamo.utils import counters
+
+    def compiles(root):
+        counters.clear()
+        train("tiny", root)
+        return dict(counters["stats"]), sum(counters["graph_break"].values())
+
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        with_probe = compiles(os.path.join(tmp, "d"))
+    without = compiles(None)
+    assert with_probe == without
+
+
+def test_a_wrong_lowering_is_named_at_its_step_and_a_clean_run_names_nothing(tmp_path, tiny_runs):
+    from real_runs import compare_steps
+    root, _ = tiny_runs
+    clean = compare_steps(root / "compiled", root / "eager", tmp_path / "clean", steps=STEPS)
+    for _, summary in clean:
+        assert summary["first_divergence"]["name"] is None, summary["verdict"]
+    # gelu is decomposed before lowering: erf, inside it, is what inductor lowers
+    train("tiny", tmp_path / "faulty", fault=wrong_lowering(torch.ops.aten.erf.default, 1.02))
+    ((_, summary),) = compare_steps(tmp_path / "faulty", root / "eager", tmp_path / "cmp", steps=[0])
+    assert summary["first_divergence"]["name"] == "Functional.gelu.0.forward", summary["verdict"]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_hf_models_compiled_against_eager(tmp_path, kind):
+    """HF models: bitwise training, and the compare of compiled against eager names nothing
+    while pairing the calls inside the graphs (their forward linears, with statistics)."""
+    from real_runs import compare_steps
+    params = train(kind, tmp_path / "c")
+    assert all(torch.equal(a, b) for a, b in zip(params, train(kind)))
+    train(kind, tmp_path / "e", compiled=False)
+    compiled, eager = data(tmp_path / "c"), data(tmp_path / "e")
+    # GPT-2's Conv1D is an addmm, Llama's projections linears: matrix products inside the graph
+    products = [k for k in compiled if k.startswith(("Functional.linear.", "Torch.addmm.")) and k in eager]
+    assert sum(k.endswith(".forward") for k in products) >= 4, sorted(compiled)
+    assert sum(k.endswith(".backward") for k in products) >= 4, sorted(compiled)
+    for _, summary in compare_steps(tmp_path / "c", tmp_path / "e", tmp_path / "cmp", steps=STEPS):
+        assert summary["first_divergence"]["name"] is None, summary["verdict"]
+
+
+def test_a_half_precision_graph_is_left_unhooked_and_said_once(tmp_path):
+    import torch._dynamo as dynamo
+    dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).to(torch.bfloat16)
+    run = torch.compile(model)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), task="statistics", level="L1")
+    with LogCapture("probe", logging.WARNING) as log:
+        for _ in range(2):
+            dbg.start()
+            run(torch.randn(4, 8, dtype=torch.bfloat16)).float().sum().backward()
+            dbg.stop()
+            dbg.step()
+    dbg.close()
+    dynamo.reset()
+    said = [r.getMessage() for r in log.records if "not instrumented" in r.getMessage()]
+    assert len(said) == 1 and "bfloat16" in said[0], said
+    assert not any(k.startswith("Functional.linear") for k in data(tmp_path))
