@@ -65,7 +65,7 @@ class Summaries:
 
 def _all_on_cpu(todo):
     for _, _, r in todo:
-        if type(r) is stats.Pending and r.parts[0].device.type != "cpu":
+        if type(r) is stats.Pending and r.parts.device.type != "cpu":
             return False
     return True
 
