@@ -23,7 +23,7 @@ from .reader import DumpMeta, gc_paused, read_dump
 from .rows import Row, direction, flatten
 from .tensors import load, resolve
 from probe.tolerances import tolerance_for
-from probe.vocabulary import PERCENT_COLUMNS, STAT_DIFFS, TENSOR_METRICS, columns_for  # noqa: F401  (the column lists)
+from probe.vocabulary import PERCENT_COLUMNS, STATISTICS, TENSOR_METRICS, columns_for  # noqa: F401  (report reads PERCENT_COLUMNS here)
 
 
 @dataclass
@@ -187,218 +187,310 @@ def compare_dumps(npu_json: str, bench_json: str, stack_json: str | None = None,
 
 def _compare_dumps(npu_json, bench_json, stack_json, stack_mode, fuzzy_match, workers,
                    progress, align, stage) -> CompareResult:
+    """read -> pair -> judge, each stage once; the diagnosis and the writers read the table."""
     npu, bench = read_sides(npu_json, bench_json)
     stage("pairing")
     notes: list[str] = []
+    mode = _mode_of(npu, bench, notes)
+    pairs, matching = _pair(npu, bench, fuzzy_match, align, notes)
+    stage("metrics")
+    table = Table.of(pairs, mode, stack_mode)
+    JUDGES[mode](table, _screen(table), _TensorFiles(npu.data_dir, bench.data_dir, workers, progress))
+    table.close()
+    if stack_mode:
+        _stack_column(table, pairs, stack_json)
+    return CompareResult(mode, table.cols, notes, npu, bench, stack_mode, stack_json, pairs, matching)
+
+
+def _mode_of(npu: Side, bench: Side, notes: list) -> str:
     _explain_meta(npu.meta, bench.meta, notes)
-    mode = choose_mode(npu, bench, notes)
-    npu.modules, bench.modules = load_modules(npu_json), load_modules(bench_json)
+    return choose_mode(npu, bench, notes)
+
+
+def _pair(npu: Side, bench: Side, fuzzy_match: bool, align, notes: list) -> tuple[list, str]:
+    npu.modules, bench.modules = load_modules(npu.json_path), load_modules(bench.json_path)
     pairs, matching = pair_rows(npu.rows, bench.rows, fuzzy=fuzzy_match, align=align,
                                 npu_modules=npu.modules, bench_modules=bench.modules, notes=notes)
     if matching == "aligned":
         notes.append("the call sequences differ: calls aligned by signature and statistics "
                      "(see the Match column) instead of by name")
-    stage("metrics")
-    n = len(pairs)
-    cols = {c: [None] * n for c in columns_for(mode, stack_mode)}
-    verdicts: dict[int, vd.Verdict] = {}      # only rows with something to say
-    single: dict[int, tuple] = {}              # rows with one finding so far: (level, text)
+    return pairs, matching
 
-    def verdict(i: int) -> vd.Verdict:
-        v = verdicts.get(i)
+
+@dataclass
+class Table:
+    """The compare's table, a column at a time: ``cols`` (output column -> one value per
+    row: what the workbook, the CSV, the page and the summary json read), the paired rows
+    (``A`` the NPU side's, ``B`` the bench side's, None where unpaired), the statistics of
+    the rows both sides hold as numpy arrays (``stat_idx`` rows x ``vocabulary.STATISTICS``)
+    and each row's findings so far."""
+    mode: str
+    A: list
+    B: list
+    cols: dict
+    tol_names: list                  # per row: the tolerance class it is judged by
+    stat_idx: list                   # rows both sides hold a summary of
+    npu_st: np.ndarray
+    bench_st: np.ndarray
+    verdicts: dict = field(default_factory=dict)   # only rows with something to say
+    single: dict = field(default_factory=dict)     # rows with one finding so far: (level, text)
+
+    @classmethod
+    def of(cls, pairs: list, mode: str, stack_mode: bool) -> Table:
+        """The descriptive columns of the paired rows (names, dtypes, shapes, statistics)."""
+        n = len(pairs)
+        cols: dict[str, list] = {c: [None] * n for c in columns_for(mode, stack_mode)}
+        A = [p.npu for p in pairs]
+        B = [p.bench for p in pairs]
+        shape_text = _Memo(lambda s: str(list(s)))
+        for side, rows in (("NPU", A), ("Bench", B)):
+            cols[f"{side} Name"] = [r.name if r is not None else None for r in rows]
+            cols[f"{side} Dtype"] = [r.dtype if r is not None else None for r in rows]
+            cols[f"{side} Tensor Shape"] = [None if r is None or r.kind == "none" else
+                                             shape_text[r.shape] for r in rows]
+            cols[f"{side} Requires_grad"] = [r.requires_grad if r is not None else None for r in rows]
+        cols["Direction"] = list(map(_Memo(direction).__getitem__,
+                                     [(a or b).entry for a, b in zip(A, B)]))
+        cols["Match"] = [p.align for p in pairs]
+        if mode == "tensor":
+            cols["Data_name"] = [str([r.data_name if r and r.data_name else "-1" for r in ab])
+                                 for ab in zip(A, B)]
+        stat_idx = [i for i, (a, b) in enumerate(zip(A, B)) if a is not None and b is not None
+                    and a.kind != "none" and b.kind != "none"]
+        width = len(STATISTICS)
+        npu_st = np.array([A[i].stats for i in stat_idx], dtype=np.float64).reshape(-1, width)
+        bench_st = np.array([B[i].stats for i in stat_idx], dtype=np.float64).reshape(-1, width)
+        if mode != "md5":            # md5 mode shows its hashes instead
+            none = (None,) * width
+            for side, rows in (("NPU", A), ("Bench", B)):
+                stats = [r.stats if r is not None and r.kind != "none" else none for r in rows]
+                for s, values in zip(STATISTICS, zip(*stats)):
+                    cols[f"{side} {s.column}"] = list(values)
+        table = cls(mode, A, B, cols, _running_tolerance(A, B), stat_idx, npu_st, bench_st)
+        table._requires_grad()
+        return table
+
+    def _requires_grad(self):
+        rg_n, rg_b = self.cols["NPU Requires_grad"], self.cols["Bench Requires_grad"]
+        consistent = [x == y if a is not None and b is not None else None
+                      for x, y, a, b in zip(rg_n, rg_b, self.A, self.B)]
+        self.cols["Requires_grad Consistent"] = consistent
+        for i, c in enumerate(consistent):
+            if c is False:
+                self.verdict(i).add("warning", f"requires_grad differs: NPU {rg_n[i]}, bench {rg_b[i]}")
+
+    def verdict(self, i: int) -> vd.Verdict:
+        v = self.verdicts.get(i)
         if v is None:
-            v = verdicts[i] = vd.Verdict()
-            if i in single:
-                v.add(*single.pop(i))
+            v = self.verdicts[i] = vd.Verdict()
+            if i in self.single:
+                v.add(*self.single.pop(i))
         return v
 
-    # --- descriptive columns, a column at a time
-    A = [p.npu for p in pairs]
-    B = [p.bench for p in pairs]
-    shape_text = _Memo(lambda s: str(list(s)))
-    for side, rows in (("NPU", A), ("Bench", B)):
-        cols[f"{side} Name"] = [r.name if r is not None else None for r in rows]
-        cols[f"{side} Dtype"] = [r.dtype if r is not None else None for r in rows]
-        cols[f"{side} Tensor Shape"] = [None if r is None or r.kind == "none" else
-                                         shape_text[r.shape] for r in rows]
-        cols[f"{side} Requires_grad"] = [r.requires_grad if r is not None else None for r in rows]
-    cols["Direction"] = list(map(_Memo(direction).__getitem__,
-                                 [(a or b).entry for a, b in zip(A, B)]))
-    cols["Match"] = [p.align for p in pairs]
-    tol_names = _running_tolerance(A, B)
-    both = [a is not None and b is not None for a, b in zip(A, B)]
-    rg_n, rg_b = cols["NPU Requires_grad"], cols["Bench Requires_grad"]
-    consistent = [x == y if ok else None for x, y, ok in zip(rg_n, rg_b, both)]
-    cols["Requires_grad Consistent"] = consistent
-    for i, c in enumerate(consistent):
-        if c is False:
-            verdict(i).add("warning", f"requires_grad differs: NPU {rg_n[i]}, bench {rg_b[i]}")
-    if mode == "tensor":
-        cols["Data_name"] = [str([r.data_name if r and r.data_name else "-1" for r in ab])
-                             for ab in zip(A, B)]
+    def find(self, i: int, level: str, text: str):
+        """A finding on row ``i``; the usual one-finding row needs no Verdict object."""
+        if i in self.verdicts or i in self.single:
+            self.verdict(i).add(level, text)
+        else:
+            self.single[i] = (level, text)
 
-    # --- statistics columns (all modes carry them except md5's own columns)
-    stat_idx = [i for i, (a, b, ok) in enumerate(zip(A, B, both))
-                if ok and a.kind != "none" and b.kind != "none"]
-    npu_st = np.array([A[i].stats for i in stat_idx], dtype=np.float64).reshape(-1, 4)
-    bench_st = np.array([B[i].stats for i in stat_idx], dtype=np.float64).reshape(-1, 4)
-    if mode != "md5":
-        for side, rows in (("NPU", A), ("Bench", B)):
-            stats = [r.stats if r is not None and r.kind != "none" else _NO_STATS for r in rows]
-            for c, values in zip(("max", "min", "mean", "l2norm"), zip(*stats)):
-                cols[f"{side} {c}"] = list(values)
-    if mode == "statistics":
-        diff, rel = stat_diffs(npu_st, bench_st)
-        for k, (dc, rc) in enumerate(zip(STAT_DIFFS[:4], STAT_DIFFS[4:])):
-            cols[dc] = _scatter(n, stat_idx, diff[:, k].tolist())
-            cols[rc] = _scatter(n, stat_idx, rel[:, k].tolist())
+    def close(self):
+        """The one-sided rows' findings, then the Result and Err_message columns."""
+        _one_sided(self)
+        n = len(self.A)
+        result, message = ["pass"] * n, [""] * n
+        for i, v in self.verdicts.items():
+            result[i], message[i] = v.level, v.text()
+        for i, (level, text) in self.single.items():
+            result[i], message[i] = level, f"{level}: {text}"        # as Verdict.add writes it
+        self.cols["Result"], self.cols["Err_message"] = result, message
 
-    # --- per-row judgement
-    tensor_jobs = []
-    stat_rows = []            # indices (into stat_idx) judged by statistics
-    tol_dtype = cols["Tolerance Dtype"]
+
+def _one_sided(t: Table):
+    for i, (a, b) in enumerate(zip(t.A, t.B)):
+        if a is None:
+            t.verdict(i).add("warning", "no NPU row matched this bench row")
+        elif b is None:
+            t.verdict(i).add("warning", "no bench row matched this NPU row")
+        elif a.kind == "none":
+            if b.kind != "none":
+                t.verdict(i).add("error", f"NPU is None, bench is a {b.kind}")
+        elif b.kind == "none":
+            t.verdict(i).add("error", f"bench is None, NPU is a {a.kind}")
+
+
+@dataclass
+class Screened:
+    """What the judges get: rows whose kinds, dtypes and shapes agree (``rows``: (j, i,
+    (exact, tolerance, Tolerance Dtype text)), ``j`` indexing ``Table.stat_idx``), and the
+    rows that are plain arguments (judged by equality here)."""
+    rows: list
+    values: list
+
+
+def _screen(t: Table) -> Screened:
+    """The checks every mode makes first: kinds, argument values, dtypes, shapes."""
+    rows, values = [], []
     # per (NPU dtype, bench dtype, tolerance class): None if not comparable, else
     # (exact, tolerance, Tolerance Dtype text) -- a few distinct keys for 100ks of rows
     judged = _Memo(_dtype_judgement)
-    statistics = mode == "statistics"
-    for j, i in enumerate(stat_idx):
+    tol_dtype, tol_names, A, B = t.cols["Tolerance Dtype"], t.tol_names, t.A, t.B
+    for j, i in enumerate(t.stat_idx):
         a, b = A[i], B[i]
-        kind = a.kind
-        if kind != b.kind:
-            verdict(i).add("error", f"NPU is a {a.kind}, bench is a {b.kind}")
-            continue
-        if kind == "value":
+        if a.kind != b.kind:
+            t.verdict(i).add("error", f"NPU is a {a.kind}, bench is a {b.kind}")
+        elif a.kind == "value":
             if a.value != b.value and not (_isnan(a.value) and _isnan(b.value)):
-                verdict(i).add("error", f"argument differs: NPU {a.value!r}, bench {b.value!r}")
-            if mode == "tensor":
-                for c in TENSOR_METRICS:
-                    cols[c][i] = "unsupported"
-            continue
-        how = judged[a.dtype, b.dtype, tol_names[i]]
-        if how is None:
-            verdict(i).add("error", f"dtypes not comparable: NPU {a.dtype}, bench {b.dtype}")
-            continue
-        if a.shape != b.shape:
-            verdict(i).add("error", f"shape differs: NPU {list(a.shape)}, bench {list(b.shape)}")
-            continue
-        tol_dtype[i] = how[2]
-        if statistics:
-            stat_rows.append(j)
-            continue
-        exact, tol = how[0], how[1]
-        if mode == "md5":
-            cols["NPU MD5"][i], cols["BENCH MD5"][i] = a.md5, b.md5
-            if a.md5 == b.md5:
-                continue
-            if a.dtype == b.dtype and tol_names[i] == vd.dtype_class(a.dtype):
-                verdict(i).add("error", f"CRC32 differs ({a.md5} vs {b.md5}) with the same dtype")
-                continue
-            why = (f"across dtypes ({a.dtype} vs {b.dtype})" if a.dtype != b.dtype
-                   else f"downstream of {tol_names[i]} computation")
-            verdict(i).add("pass", f"CRC32 differs, as it must {why}; judged by the statistics "
-                                   f"the md5 dump also holds")
-            stat_rows.append(j)
-        elif mode == "tensor":
-            if not a.data_name or not b.data_name:
-                side = "NPU" if not a.data_name else "bench"
-                verdict(i).add("warning", f"{side} has no tensor file for this row (data_name missing)")
-                continue
-            try:
-                pa = resolve(npu.data_dir, a.data_name)
-                pb = resolve(bench.data_dir, b.data_name)
-            except ValueError as exc:
-                verdict(i).add("error", str(exc))
-                continue
-            tensor_jobs.append((i, pa, pb, tol.rtol, tol.floor, exact))
+                t.verdict(i).add("error", f"argument differs: NPU {a.value!r}, bench {b.value!r}")
+            values.append(i)
+        elif (how := judged[a.dtype, b.dtype, tol_names[i]]) is None:
+            t.verdict(i).add("error", f"dtypes not comparable: NPU {a.dtype}, bench {b.dtype}")
+        elif a.shape != b.shape:
+            t.verdict(i).add("error", f"shape differs: NPU {list(a.shape)}, bench {list(b.shape)}")
         else:
-            stat_rows.append(j)
+            tol_dtype[i] = how[2]
+            rows.append((j, i, how))
+    return Screened(rows, values)
 
-    # statistics judgement, vectorised; rows with NaN/Inf or exact dtypes one by one
-    if stat_rows:
-        sel = np.array(stat_rows, dtype=np.int64)
-        rows_i = [stat_idx[j] for j in stat_rows]
-        tol_of = _Memo(lambda name: vd.TOLERANCES.get(name) or vd.TOLERANCES["float32"])
-        tols = [tol_of[tol_names[i]] for i in rows_i]
-        numel = np.array(_numels([B[i].shape for i in rows_i]), dtype=np.float64)
-        rtol = np.array([t.rtol for t in tols])
-        floor = np.array([t.floor for t in tols])
-        ns, bs = npu_st[sel], bench_st[sel]
-        ratio = stat_tolerance_ratio(ns, bs, numel, rtol, floor)
-        finite_n, finite_b = np.isfinite(ns), np.isfinite(bs)
-        exact = np.array([tol_dtype[i] == "exact" for i in rows_i], dtype=bool)
-        common = finite_n.all(axis=1) & finite_b.all(axis=1) & ~exact     # kept cheap
-        ratios = ratio.tolist()
-        err_tol = cols["Err/Tolerance"]
-        for k in np.flatnonzero(common).tolist():
-            err_tol[rows_i[k]] = ratios[k]
-        tails = {}                # id(tolerance) -> ratio_finding's constant ends
-        for k in np.flatnonzero(common & (ratio > 1.0)).tolist():
-            i, r, t = rows_i[k], ratios[k], tols[k]
-            tail = tails.get(id(t))
-            if tail is None:
-                tail = tails[id(t)] = vd._ratio_tails(t, "statistics off by")
-            # vd.ratio_finding(r, t, "statistics off by"), inlined
-            if r > vd.ERROR_FACTOR:
-                finding = ("error", "statistics off by " + format(r, ".3g") + tail[1])
-            else:
-                finding = ("warning", "statistics off by " + format(r, ".3g") + tail[0])
-            if i in verdicts:
-                verdicts[i].add(*finding)
-            else:
-                single[i] = finding               # the usual case: no Verdict object needed
-        for k in np.flatnonzero(~common).tolist():
-            i, r = rows_i[k], ratios[k]
-            missing = np.isnan(ns[k]) & np.isnan(bs[k])      # not dumped (e.g. ints' Mean)
-            bad_n, bad_b = ~finite_n[k] & ~missing, ~finite_b[k] & ~missing
-            if bad_n.any() or bad_b.any():
-                if (bad_n == bad_b).all() and np.array_equal(ns[k][bad_n], bs[k][bad_b], equal_nan=True):
-                    verdict(i).add("warning", "NaN/Inf in the statistics of both sides (overflow on both)")
-                else:
-                    verdict(i).add("error", f"NaN/Inf differ: NPU {_fmt_stats(ns[k])}, "
-                                            f"bench {_fmt_stats(bs[k])}")
-                continue
-            if exact[k] and r > 0:
-                verdict(i).add("error", "integer/bool statistics differ (exact dtype)")
-                r = math.inf
-            err_tol[i] = r
-            if not exact[k]:
-                vd.judge_ratio(verdict(i), r, tols[k], "statistics off by")
 
-    # tensor metrics, lazily loaded
-    if tensor_jobs:
-        results = _run_jobs(tensor_jobs, workers, progress)
-        for i, *_rest in tensor_jobs:
-            res = results.get(i)
-            if isinstance(res, str):
-                verdict(i).add("warning" if "missing" in res else "error", res)
-                continue
-            _tensor_row(cols, i, res, verdict(i), tol_names[i], _rest[-1])
+@dataclass
+class _TensorFiles:
+    """Where tensor mode finds its files and how it loads them."""
+    npu_dir: str
+    bench_dir: str
+    workers: int | None
+    progress: bool
 
-    # --- one-sided rows and None rows
-    for i, (a, b) in enumerate(zip(A, B)):
-        if a is None:
-            verdict(i).add("warning", "no NPU row matched this bench row")
-        elif b is None:
-            verdict(i).add("warning", "no bench row matched this NPU row")
-        elif a.kind == "none":
-            if b.kind != "none":
-                verdict(i).add("error", f"NPU is None, bench is a {b.kind}")
-        elif b.kind == "none":
-            verdict(i).add("error", f"bench is None, NPU is a {a.kind}")
-    result, message = ["pass"] * n, [""] * n
-    for i, v in verdicts.items():
-        result[i], message[i] = v.level, v.text()
-    for i, (level, text) in single.items():
-        result[i], message[i] = level, f"{level}: {text}"        # as Verdict.add writes it
-    cols["Result"], cols["Err_message"] = result, message
-    if stack_mode:
-        stacks = load_stacks(stack_json) if stack_json else {}
-        col, seen = cols["NPU_Stack_Info"], set()
-        for i, p in enumerate(pairs):
-            if p.npu and p.npu.entry not in seen:
-                seen.add(p.npu.entry)
-                col[i] = stacks.get(p.npu.entry)
-    return CompareResult(mode, cols, notes, npu, bench, stack_mode, stack_json, pairs, matching)
+
+# ---------------------------------------------------------------- the judges, one per mode
+
+def judge_statistics(t: Table, screened: Screened, files: _TensorFiles):
+    """Statistics mode: the difference columns, and each row judged by its statistics."""
+    diff, rel = stat_diffs(t.npu_st, t.bench_st)
+    n = len(t.A)
+    for k, s in enumerate(STATISTICS):
+        t.cols[s.diff] = _scatter(n, t.stat_idx, diff[:, k].tolist())
+        t.cols[s.relative] = _scatter(n, t.stat_idx, rel[:, k].tolist())
+    _judge_by_statistics(t, [j for j, _, _ in screened.rows])
+
+
+def judge_md5(t: Table, screened: Screened, files: _TensorFiles):
+    """md5 mode: equal hashes pass; hashes that must differ (across dtypes, downstream of
+    lower precision) are judged by the statistics the md5 dump also holds."""
+    stat_rows = []
+    npu_md5, bench_md5 = t.cols["NPU MD5"], t.cols["BENCH MD5"]
+    for j, i, _how in screened.rows:
+        a, b = t.A[i], t.B[i]
+        npu_md5[i], bench_md5[i] = a.md5, b.md5
+        if a.md5 == b.md5:
+            continue
+        tol_name = t.tol_names[i]
+        if a.dtype == b.dtype and tol_name == vd.dtype_class(a.dtype):
+            t.verdict(i).add("error", f"CRC32 differs ({a.md5} vs {b.md5}) with the same dtype")
+            continue
+        why = (f"across dtypes ({a.dtype} vs {b.dtype})" if a.dtype != b.dtype
+               else f"downstream of {tol_name} computation")
+        t.verdict(i).add("pass", f"CRC32 differs, as it must {why}; judged by the statistics "
+                                 f"the md5 dump also holds")
+        stat_rows.append(j)
+    _judge_by_statistics(t, stat_rows)
+
+
+def judge_tensor(t: Table, screened: Screened, files: _TensorFiles):
+    """Tensor mode: each pair's files loaded (lazily, on threads when there is enough
+    data) and judged by their metrics; arguments have none."""
+    for i in screened.values:
+        for c in TENSOR_METRICS:
+            t.cols[c][i] = "unsupported"
+    jobs = []
+    for _j, i, (exact, tol, _text) in screened.rows:
+        a, b = t.A[i], t.B[i]
+        if not a.data_name or not b.data_name:
+            side = "NPU" if not a.data_name else "bench"
+            t.verdict(i).add("warning", f"{side} has no tensor file for this row (data_name missing)")
+            continue
+        try:
+            pa = resolve(files.npu_dir, a.data_name)
+            pb = resolve(files.bench_dir, b.data_name)
+        except ValueError as exc:
+            t.verdict(i).add("error", str(exc))
+            continue
+        jobs.append((i, pa, pb, tol.rtol, tol.floor, exact))
+    if not jobs:
+        return
+    results = _run_jobs(jobs, files.workers, files.progress)
+    for i, *_rest in jobs:
+        res = results.get(i)
+        if isinstance(res, str):
+            t.verdict(i).add("warning" if "missing" in res else "error", res)
+            continue
+        _tensor_row(t.cols, i, res, t.verdict(i), t.tol_names[i], _rest[-1])
+
+
+JUDGES = {"statistics": judge_statistics, "md5": judge_md5, "tensor": judge_tensor}
+
+
+def _judge_by_statistics(t: Table, stat_rows: list):
+    """Rows (indices into ``t.stat_idx``) judged by their statistics, vectorised; rows
+    with NaN/Inf or exact dtypes one by one."""
+    if not stat_rows:
+        return
+    sel = np.array(stat_rows, dtype=np.int64)
+    rows_i = [t.stat_idx[j] for j in stat_rows]
+    tol_of = _Memo(lambda name: vd.TOLERANCES.get(name) or vd.TOLERANCES["float32"])
+    tols = [tol_of[t.tol_names[i]] for i in rows_i]
+    numel = np.array(_numels([t.B[i].shape for i in rows_i]), dtype=np.float64)
+    ns, bs = t.npu_st[sel], t.bench_st[sel]
+    ratio = stat_tolerance_ratio(ns, bs, numel, np.array([x.rtol for x in tols]),
+                                 np.array([x.floor for x in tols]))
+    tol_dtype = t.cols["Tolerance Dtype"]
+    exact = np.array([tol_dtype[i] == "exact" for i in rows_i], dtype=bool)
+    common = np.isfinite(ns).all(axis=1) & np.isfinite(bs).all(axis=1) & ~exact     # kept cheap
+    ratios = ratio.tolist()
+    err_tol = t.cols["Err/Tolerance"]
+    for k in np.flatnonzero(common).tolist():
+        err_tol[rows_i[k]] = ratios[k]
+    tails: dict = {}          # id(tolerance) -> ratio_finding's constant ends
+    for k in np.flatnonzero(common & (ratio > 1.0)).tolist():
+        r, tol = ratios[k], tols[k]
+        tail = tails.get(id(tol))
+        if tail is None:
+            tail = tails[id(tol)] = vd._ratio_tails(tol, "statistics off by")
+        # vd.ratio_finding(r, tol, "statistics off by"), inlined
+        if r > vd.ERROR_FACTOR:
+            t.find(rows_i[k], "error", "statistics off by " + format(r, ".3g") + tail[1])
+        else:
+            t.find(rows_i[k], "warning", "statistics off by " + format(r, ".3g") + tail[0])
+    for k in np.flatnonzero(~common).tolist():
+        _judge_uncommon(t, rows_i[k], ns[k], bs[k], ratios[k], bool(exact[k]), tols[k])
+
+
+def _judge_uncommon(t: Table, i: int, ns: np.ndarray, bs: np.ndarray, r: float, exact: bool, tol):
+    """A row with NaN/Inf statistics or an exact dtype."""
+    missing = np.isnan(ns) & np.isnan(bs)             # not dumped (e.g. ints' Mean)
+    bad_n, bad_b = ~np.isfinite(ns) & ~missing, ~np.isfinite(bs) & ~missing
+    if bad_n.any() or bad_b.any():
+        if (bad_n == bad_b).all() and np.array_equal(ns[bad_n], bs[bad_b], equal_nan=True):
+            t.verdict(i).add("warning", "NaN/Inf in the statistics of both sides (overflow on both)")
+        else:
+            t.verdict(i).add("error", f"NaN/Inf differ: NPU {_fmt_stats(ns)}, bench {_fmt_stats(bs)}")
+        return
+    if exact and r > 0:
+        t.verdict(i).add("error", "integer/bool statistics differ (exact dtype)")
+        r = math.inf
+    t.cols["Err/Tolerance"][i] = r
+    if not exact:
+        vd.judge_ratio(t.verdict(i), r, tol, "statistics off by")
+
+
+def _stack_column(t: Table, pairs: list, stack_json: str | None):
+    """Each NPU entry's stack, on its first row."""
+    stacks = load_stacks(stack_json) if stack_json else {}
+    col, seen = t.cols["NPU_Stack_Info"], set()
+    for i, p in enumerate(pairs):
+        if p.npu and p.npu.entry not in seen:
+            seen.add(p.npu.entry)
+            col[i] = stacks.get(p.npu.entry)
 
 
 class _Memo(dict):
@@ -411,9 +503,6 @@ class _Memo(dict):
     def __missing__(self, key):
         value = self[key] = self.fn(key)
         return value
-
-
-_NO_STATS = (None, None, None, None)
 
 
 def _dtype_judgement(key):

@@ -163,7 +163,7 @@ class MergedPair:
     def before_diagnosis(self, result) -> None:
         """Rows the merge could not give become "can't tell" rows (their numbers cleared, so
         the diagnosis takes nothing from them); copies that differ are error rows."""
-        from .engine import STAT_DIFFS, TENSOR_METRICS
+        from probe.vocabulary import STAT_DIFFS, TENSOR_METRICS
         cols = result.columns
         cleared = [c for c in STAT_DIFFS + TENSOR_METRICS + ["Err/Tolerance", "Tolerance Dtype"] if c in cols]
         for side in (self.npu, self.bench):
