@@ -132,11 +132,19 @@ def compiled_bitwise():
         if dbg:
             dbg.close()
         return [p.detach().cpu() for p in model.parameters()], syncs
-    with_probe, syncs = train(tempfile.mkdtemp(prefix="probe_cc_"))
+    root = tempfile.mkdtemp(prefix="probe_cc_")
+    with_probe, syncs = train(root)
     without, syncs_plain = train(None)
     same = all(torch.equal(a, b) for a, b in zip(with_probe, without))
+    import glob
+    import json
+    with open(sorted(glob.glob(os.path.join(root, "step2", "*", "dump.json")))[0]) as fh:
+        names = list(json.load(fh)["data"])
+    inside = sorted({n.rsplit(".", 2)[0] for n in names if n.startswith(("Functional.linear", "Functional.gelu",
+                                                                          "Functional.layer_norm"))})
     print(f"compiled (inductor/Triton) TinyGPT: training bitwise with and without the debugger: {same}; "
-          f"host syncs in a dumped step: {syncs} (without the debugger: {syncs_plain})", flush=True)
+          f"host syncs in a dumped step: {syncs} (without the debugger: {syncs_plain}); APIs from inside the "
+          f"graph in the dump: {inside}", flush=True)
 
 
 def main():

@@ -84,6 +84,23 @@ def _summarise(*tensors):
     return torch.cat(parts)
 
 
+def _summarise_apart(*tensors):
+    """``_summarise`` through an operator inductor cannot see into (``probe::summarise``): it
+    runs as an extern kernel of its own, so the graph's kernels are fused as without probe.
+    For tensors inductor stores anyway (the extern kernels' inputs and outputs)."""
+    return torch.cat([torch.ops.probe.summarise(t.detach()) for t in tensors])
+
+
+if SUPPORTED:
+    @torch.library.custom_op("probe::summarise", mutates_args=())
+    def _summarise_op(t: torch.Tensor) -> torch.Tensor:
+        return _summarise(t)
+
+    @_summarise_op.register_fake
+    def _summarise_shape(t):
+        return t.new_empty(N_STATS, dtype=torch.float64)
+
+
 # ---- what one graph records -------------------------------------------------------------
 @dataclass
 class TensorSlot:
@@ -124,6 +141,7 @@ class GraphPlan:
     backward: List[BackwardCall] = field(default_factory=list)
     pending: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
     frames: Dict[str, list] = field(default_factory=dict)   # call -> its stack.json frames
+    summarise: Callable = _summarise   # how its statistics are computed in the graph
     inputs_of: Dict[str, List[str]] = field(default_factory=dict)   # node key -> its tensor inputs' keys
     extra: int = 1   # outputs added to the forward graph: the vector, then any tensors
 
@@ -405,12 +423,12 @@ def instrument_forward(gm, by_func, dunders, with_tensors=False, only=None):
     """
     graph = gm.graph
     operators = OperatorNames()
+    plan = GraphPlan(summarise=_summarise if only is None else _summarise_apart)
     apis = {node: _api_name(node, by_func, dunders, operators) for node in graph.nodes
             if node.op in ("call_function", "call_method")}
     if only is not None:
         apis = {node: api if api in only else None for node, api in apis.items()}
     _check_values(apis)
-    plan = GraphPlan()
     builder = _PlanBuilder(graph)
     summarised = {}      # node -> TensorSlot, while not written since
     vectors: List[torch.fx.Node] = []
@@ -475,7 +493,7 @@ def _add_statistics(graph, apis, plan, builder, summarised, vectors, created):
         kwargs = {k: form(v, before) for k, v in node.kwargs.items() if k != "out"}
         if before:
             with graph.inserting_before(node):
-                vectors.append(graph.call_function(_summarise, tuple(before)))
+                vectors.append(graph.call_function(plan.summarise, tuple(before)))
         if _mutates(node, api):
             for a in node.args[:1]:
                 summarised.pop(a, None)
@@ -494,7 +512,7 @@ def _add_statistics(graph, apis, plan, builder, summarised, vectors, created):
             outputs = [form(node, after)]
         if after:
             with graph.inserting_after(last):
-                vectors.append(graph.call_function(_summarise, tuple(after)))
+                vectors.append(graph.call_function(plan.summarise, tuple(after)))
         tensor_inputs = [a for a in list(node.args) + list(node.kwargs.values()) for a in _flat([a])
                          if isinstance(a, torch.fx.Node) and _is_tensor(a)]
         plan.calls.append(ApiCall(api, key, args, kwargs, outputs, node.meta.get("stack_trace"),
@@ -590,7 +608,7 @@ def instrument_backward(gm, plan: GraphPlan, with_tensors=False):
     if not tensors:
         return None
     backward.sort(key=lambda c: c.position)   # as the backward pass runs them, as an eager dump lists them
-    vector = _graph_copy_summarise(graph, tensors, before=out_node)
+    vector = _graph_copy_summarise(graph, tensors, out_node, plan.summarise)
     results = out_node.args[0]
     out_node.args = ((*results, vector, *(tensors if with_tensors else ())),)
     graph.lint()
@@ -648,7 +666,7 @@ def _flat(items):
     return flat
 
 
-def _graph_copy_summarise(graph, nodes, before):
+def _graph_copy_summarise(graph, nodes, before, summarise):
     """``_summarise`` over ``nodes`` traced to aten ops (with their fake values, as the
     lowering needs) and copied into ``graph`` before ``before``."""
     from torch._inductor.decomposition import select_decomp_table
@@ -657,7 +675,7 @@ def _graph_copy_summarise(graph, nodes, before):
     fake_mode = torch._guards.detect_fake_mode(vals)
     ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
     with ctx:
-        sub = make_fx(_summarise, decomposition_table=select_decomp_table())(*vals)
+        sub = make_fx(summarise, decomposition_table=select_decomp_table())(*vals)
     env = {}
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     for p, n in zip(placeholders, nodes):
@@ -718,7 +736,9 @@ class _Verified:
     gradients; the instrumented graph is kept only where every output and input gradient is
     bitwise the plain graph's. If it is not, the next candidate is tried: the graph with
     only the calls inductor runs as extern kernels (matrix products, convolutions,
-    attention), whose inputs and outputs it stores anyway; then the plain graph, said once.
+    attention), whose inputs and outputs it stores anyway, their statistics computed by an
+    operator of probe's that inductor runs apart (``probe::summarise``: nothing of it is
+    fused into the graph's kernels); then the plain graph, said once.
     What it costs: one extra compile per graph (two where the first candidate fails), and
     two extra forwards and backwards at its first call.
     """
@@ -889,12 +909,13 @@ class CompileHook:
                     instrumented = self._instrumented(_copy_graph_module(spare), example_inputs, args, kwargs, None)
                 except _Refused as exc:
                     reason = str(exc)
+            plain_kwargs = dict(kwargs, inner_compile=self._inner(kwargs.get("inner_compile"), None))
             if instrumented is None:
                 if reason is not None:
                     _said.warning(reason, "probe: a compiled graph with %s is not instrumented: its APIs are not "
                                   "dumped (%s)", reason, _WHY.get(reason, ""))
-                return original(gm, example_inputs, *args, **kwargs)
-            plain = original(gm, example_inputs, *args, **kwargs)
+                return original(gm, example_inputs, *args, **plain_kwargs)
+            plain = original(gm, example_inputs, *args, **plain_kwargs)
         finally:
             state.__exit__()
             _inside.on = False
@@ -940,7 +961,14 @@ class CompileHook:
             from torch._inductor.compile_fx import compile_fx_inner as inner
 
         def compile_inner(gm, example_inputs, **kw):
-            if not kw.get("is_backward"):
+            # a backward graph is compiled at its first run, on the autograd engine's thread
+            # (a device's own thread on an accelerator), where probe's guard is not yet up and
+            # the function mode, carried over by autograd, would record the compile's calls
+            with guard():
+                return compile_fx_inner_instrumented(gm, example_inputs, **kw)
+
+        def compile_fx_inner_instrumented(gm, example_inputs, **kw):
+            if plan is None or not kw.get("is_backward"):
                 return inner(gm, example_inputs, **kw)
             try:
                 calls = instrument_backward(gm, plan, self.with_tensors)

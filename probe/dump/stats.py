@@ -123,6 +123,7 @@ def _cpu_float_summary(t, flat):
 
 def fetch(pending):
     """(Max, Min, Mean, Norm) for each result of ``reductions``, in one host transfer."""
+    pending = [None if type(p) is Pending and _fake(p.parts) else p for p in pending]
     vectors = [p.parts for p in pending if type(p) is Pending]
     values = iter(())
     if vectors:
@@ -147,6 +148,12 @@ def fetch(pending):
             mx, mn = int(mx), int(mn)
         out.append((mx, mn, s / numel, n))
     return out
+
+
+def _fake(t):
+    """A compile's fake tensor (a call recorded while inductor compiled, on a thread probe's
+    guard did not cover): it has no numbers, and fetching it would fail the whole flush."""
+    return type(t) is not torch.Tensor and type(t).__name__ == "FakeTensor"
 
 
 def torch_copy(t):
