@@ -61,7 +61,7 @@ def _pss_mb(pid: int) -> float:
     return 0.0
 
 
-def timed(cmd, env=None, capture=False):
+def timed(cmd, env=None, capture=False, cwd=None):
     """Wall time and peak memory (MB) of a child process and its helper processes.
 
     Memory is the peak over 0.1 s samples of the summed PSS of the process tree (pages
@@ -72,7 +72,7 @@ def timed(cmd, env=None, capture=False):
     import threading
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+                            stderr=subprocess.PIPE, text=True, cwd=cwd or ROOT, env=env)
     peak = [0.0]
 
     def sample():
@@ -94,8 +94,34 @@ def timed(cmd, env=None, capture=False):
     return wall, peak[0]
 
 
-def probe_compare(npu, bench, out):
-    return timed([sys.executable, "-m", "probe", "compare", "--npu", npu, "--bench", bench, "-o", out])
+def probe_compare(npu, bench, out, tree=None):
+    """``tree``: another checkout of probe (``--before``) run instead of this one."""
+    env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
+    return timed([sys.executable, "-m", "probe", "compare", "--npu", npu, "--bench", bench, "-o", out],
+                  env=env, cwd=tree)
+
+
+_ORJSON_PARSE = """
+import sys, time, orjson
+t = time.perf_counter()
+docs = [orjson.loads(open(p, "rb").read()) for p in sys.argv[1:]]
+print(time.perf_counter() - t)
+"""
+
+
+def orjson_parse_s(*paths) -> float:
+    """Seconds orjson takes to parse ``paths`` into dicts in a fresh process, as a plain
+    script does it (the garbage collector on): the yardstick of issue #35's target."""
+    return float(timed([sys.executable, "-c", _ORJSON_PARSE, *paths], capture=True)[2])
+
+
+def checkout(rev: str, tmp: str) -> str:
+    """A copy of the tree at ``rev`` (git archive: no worktree, nothing else touched)."""
+    dest = os.path.join(tmp, "before")
+    os.makedirs(dest)
+    data = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=data, check=True)
+    return dest
 
 
 def msprobe_compare(msprobe, npu, bench, out, tmp):
@@ -338,6 +364,8 @@ def main():
     ap.add_argument("--msprobe", default=shutil.which("msprobe") or
                     ("/opt/msvenv/bin/msprobe" if os.path.exists("/opt/msvenv/bin/msprobe") else None))
     ap.add_argument("--entries", type=int, default=100_000)
+    ap.add_argument("--before", metavar="REV", help="also time the 100k-entry pair with probe "
+                    "as of this git revision (e.g. HEAD~3), in the same run")
     ap.add_argument("--skip-100k", action="store_true")
     ap.add_argument("--skip-tensor", action="store_true")
     ap.add_argument("--skip-run", action="store_true", help="skip the whole-run case")
@@ -375,11 +403,19 @@ def main():
             mb = (os.path.getsize(a) + os.path.getsize(b)) / 1e6
             # twice: on a shared machine one run can take half as long again as the other;
             # the best shows the code, the spread shows the machine (as timeit reports)
-            runs = [probe_compare(a, b, os.path.join(tmp, f"o2_{k}")) for k in range(2)]
-            ours = (min(r[0] for r in runs), max(r[1] for r in runs))
-            row(f"{args.entries // 1000}k-entry statistics pair ({mb:.0f} MB json)", ours, None,
-                "< 15 s, < 1024 MB")
-            print(f"{'  -> the two runs':<44} " + ", ".join(f"{w:.2f} s" for w, _ in runs))
+            parse = min(orjson_parse_s(a, b) for _ in range(2))
+            before = checkout(args.before, tmp) if args.before else None
+            for label, tree in ((f"probe {args.before}", before), ("probe", None)):
+                if label != "probe" and tree is None:
+                    continue
+                runs = [probe_compare(a, b, os.path.join(tmp, f"o2{'b' if tree else ''}_{k}"), tree) for k in range(2)]
+                ours = (min(r[0] for r in runs), max(r[1] for r in runs))
+                row(f"{args.entries // 1000}k stats pair ({mb:.0f} MB json), {label}", ours, None,
+                    "<= 1.5x parse, <= 600 MB")
+                print(f"{'  -> the two runs':<44} " + ", ".join(f"{w:.2f} s" for w, _ in runs)
+                      + f"; x{ours[0] / parse:.2f} the orjson parse")
+            print(f"{'  -> orjson parses the two files into dicts':<44} {parse:8.2f} s (best of 2, "
+                  f"fresh process)   target: the compare <= {1.5 * parse:.2f} s")
             page = glob.glob(os.path.join(tmp, "o2_0", "compare_report_*.html"))
             if page:
                 ready = page_ready_s(page[0])

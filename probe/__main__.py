@@ -1,5 +1,3 @@
-import sys
+from probe.cli import console_main
 
-from probe.cli import main
-
-sys.exit(main())
+console_main()

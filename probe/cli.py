@@ -70,5 +70,13 @@ def main(argv=None):
         return 2
 
 
+def console_main():
+    """The ``probe`` program (and ``python -m probe``): ``main``, then the process ends
+    (at once where the command kept what it held: process_end)."""
+    from probe import process_end
+    process_end.ENDING = True
+    process_end.end(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -33,6 +33,7 @@ step produced them) that differ, and by how much.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -97,6 +98,14 @@ class CallDiag:
     @property
     def name(self) -> str:
         return self.npu_entry or self.bench_entry or ""
+
+    @functools.cached_property
+    def api(self):
+        """The NPU entry's ``precheck.entries.ApiEntry`` (None for a module, a custom op, a
+        bench-only call), parsed once: three checks ask for it (it was a third of the
+        diagnosis on bench/compare.py's 100k-entry pair)."""
+        from probe.precheck.entries import parse_name
+        return parse_name(self.name) if self.npu_entry else None
 
     @property
     def jump(self) -> float | None:
@@ -459,7 +468,7 @@ def _mark(calls):
     for u in calls:
         if last_bwd is not None and u.direction == "forward" and u.index > last_bwd:
             u.phase = "optimizer"
-        api = parse_name(u.name)
+        api = u.api if u.npu_entry else parse_name(u.name)
         if api is not None:
             u.exact_api = api.exact if u.direction == "forward" else api.exact_backward
             u.api_key = api.key
@@ -530,8 +539,7 @@ def _extremes_check(result, u) -> bool | None:
     """Statistics mode: True when the NPU output's Max and Min are the API applied to its own
     input's extremes (within 4 roundings), False when not (the kernel computes something
     else), None when that cannot be checked (not a monotone elementwise call)."""
-    from probe.precheck.entries import parse_name
-    api = parse_name(u.name) if u.npu_entry else None
+    api = u.api
     if api is None or api.direction != "forward" or api.leaf not in MONOTONE:
         return None
     rows = [result.pairs[i].npu for i in u.rows if result.pairs[i].npu is not None]
@@ -723,12 +731,12 @@ def _npu_entries(result, u) -> list:
 
 def _draws(result, calls, replays) -> Draws | None:
     """Random calls judged by their law on the NPU side's own dump (draws.py)."""
-    from probe.precheck.entries import DROPOUT_ARGS, parse_name
+    from probe.precheck.entries import DROPOUT_ARGS
     pairs = result.pairs
     forward = {u.npu_entry: u for u in calls if u.npu_entry and u.direction == "forward"}
     n, differ, first, unjudged = 0, 0, None, []
     for u in calls:
-        api = parse_name(u.name) if u.npu_entry else None
+        api = u.api
         if api is None:
             continue
         fwd = forward.get(f"{api.base}.forward")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from probe import console_log
+from probe import console_log, process_end
 
 from .options import DEFAULT, CompareOptions, resolve_options
 from .pair_job import compare_pair
@@ -65,6 +65,7 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     verbose = dump_result_param.get("is_print_compare_log", True)
     pr = compare_pair(npu, bench, output_path, options, tag=tag, stack_json=stack, bench2_json=bench2,
                       workers=workers, progress=verbose if progress is None else progress)
+    process_end.keep(pr)        # the probe program ends with this: nothing to free (process_end)
     if verbose:
         from .report import console_summary
         console_log.show_info()

@@ -90,9 +90,10 @@ def parse_name(name: str) -> ApiEntry | None:
     n = api_name(name)
     if n is None or n.prefix not in PREFIX_SECTION:
         return None
-    return ApiEntry(**{f.name: getattr(n, f.name) for f in dataclasses.fields(n)})
+    return ApiEntry(*[getattr(n, f) for f in _FIELDS])
 
 
+_FIELDS = [f.name for f in dataclasses.fields(EntryName)]
 _cache: dict = {}
 
 
