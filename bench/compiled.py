@@ -4,8 +4,9 @@ block (d=768, 12 heads) with the debugger off and on, beside eager dumping of th
     python bench/compiled.py [--device cuda] [--steps 20] [--batch 4] [--seq 128] [--layers 1]
 
 Prints the median step (forward, backward, AdamW) of: compiled without probe, compiled with
-L1 statistics dumped every step, eager without probe, eager with L1 statistics; and the two
-ratios. On CUDA it also counts the host synchronisations of a dumped compiled step
+L1 statistics dumped every step, compiled with the debugger built but idle (the in-graph
+statistics alone), eager without probe, eager with L1 statistics; and the ratios. On CUDA
+it also counts the host synchronisations of a dumped compiled step
 (``torch.cuda.set_sync_debug_mode``): the statistics stay on the device until the dump's
 flush, which fetches every graph's vector in one transfer. A measurement, not a test.
 """
@@ -40,16 +41,19 @@ def measure(args, compiled, dump):
     run = torch.compile(model) if compiled else model
     x = torch.randn(args.batch, args.seq, 768, device=args.device)
     tmp = tempfile.mkdtemp(prefix="probe_bench_compiled_")
+    # dump "idle": the debugger exists (graphs compiled with their statistics) but never starts:
+    # what the statistics cost inside the graph, without the eager parts' entries
     dbg = PrecisionDebugger(dump_path=tmp, task="statistics", level="L1") if dump else None
+    idle = dump == "idle"
     times, syncs = [], 0
 
     def step():
-        if dbg:
+        if dbg and not idle:
             dbg.start()
         opt.zero_grad()
         run(x).square().mean().backward()
         opt.step()
-        if dbg:
+        if dbg and not idle:
             dbg.stop()
             dbg.step()
         if args.device == "cuda":
@@ -85,12 +89,14 @@ def main():
     args = p.parse_args()
     rows = {}
     for name, compiled, dump in (("compiled", True, False), ("compiled+L1", True, True),
-                                 ("eager", False, False), ("eager+L1", False, True)):
+                                 ("compiled+idle", True, "idle"), ("eager", False, False),
+                                 ("eager+L1", False, True)):
         rows[name] = measure(args, compiled, dump)
         ms, syncs = rows[name]
         extra = f"  host syncs in a dumped step: {syncs}" if args.device == "cuda" else ""
         print(f"{name:12s} {ms:9.2f} ms/step{extra}", flush=True)
     print(f"compiled: L1 statistics x{rows['compiled+L1'][0] / rows['compiled'][0]:.2f} "
+          f"(the graphs' own statistics, debugger idle: x{rows['compiled+idle'][0] / rows['compiled'][0]:.2f}) "
           f"(target x1.3); eager: x{rows['eager+L1'][0] / rows['eager'][0]:.2f}; "
           f"torch {torch.__version__}, {args.device}, d=768, batch {args.batch}, seq {args.seq}, "
           f"{args.layers} block(s)")
