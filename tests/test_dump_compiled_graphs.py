@@ -8,6 +8,7 @@ graph break or recompile is added; a wrong inductor lowering is named by the com
 its step, and a clean compiled run against eager names nothing; what is left unhooked is
 said once.
 """
+import contextlib
 import glob
 import json
 import logging
@@ -58,7 +59,7 @@ def train(kind, root=None, compiled=True, task="statistics", fault=None):
     run = torch.compile(model) if compiled else model
     dbg = PrecisionDebugger(dump_path=str(root), task=task, level="L1") if root else None
     try:
-        with fault if fault is not None else _nothing():
+        with fault if fault is not None else contextlib.nullcontext():
             for x, y in batches:
                 if dbg:
                     dbg.start()
@@ -73,14 +74,6 @@ def train(kind, root=None, compiled=True, task="statistics", fault=None):
             dbg.close()
         dynamo.reset()
     return [p.detach().clone() for p in model.parameters()]
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def data(root, step=0):
