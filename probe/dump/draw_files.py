@@ -38,6 +38,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 
+from probe.dump.stats import numpy_of
 from probe.errors import ConfigError
 from probe.vocabulary import FORWARD, api_name
 
@@ -87,7 +88,7 @@ def pack_mask(mask: torch.Tensor) -> np.ndarray:
     A CPU mask is packed by numpy; an accelerator's on the device, so that only the
     packed bytes cross to the host (8 elements a byte, the high bit first, as packbits)."""
     if mask.device.type == "cpu":
-        return np.packbits(mask.numpy(), axis=None)
+        return np.packbits(numpy_of(mask), axis=None)
     flat = mask.reshape(-1)
     pad = (-flat.numel()) % 8
     if pad:
@@ -101,14 +102,14 @@ def pack_nonzero(t: torch.Tensor) -> np.ndarray:
     """``pack_mask(t != 0)``, compared by numpy where it can read ``t`` (a CPU tensor of a
     dtype it has: ~2 us against ~6 for torch's comparison on a small tensor)."""
     if t.device.type == "cpu" and t.dtype not in _NOT_NUMPY:
-        return np.packbits(t.detach().numpy() != 0, axis=None)
+        return np.packbits(numpy_of(t) != 0, axis=None)
     return pack_mask(t != 0)
 
 
 def zero_free(t: torch.Tensor) -> bool:
     """No element of ``t`` is 0 (numpy counts a CPU tensor of a dtype it has)."""
     if t.device.type == "cpu" and t.dtype not in _NOT_NUMPY:
-        return np.count_nonzero(t.detach().numpy()) == t.numel()
+        return np.count_nonzero(numpy_of(t)) == t.numel()
     return int(t.count_nonzero()) == t.numel()
 
 

@@ -64,8 +64,8 @@ def reductions(t):
         return _cstats.summarize(t.data_ptr(), n, kind)
     if dt in _NUMPY_FAST and t.is_cpu:
         try:
-            flat = t.detach().numpy().reshape(-1)   # refuses neg/conj views: slow path
-        except RuntimeError:
+            flat = numpy_of(t).reshape(-1)   # refuses neg/conj views: slow path
+        except (RuntimeError, TypeError):
             flat = None
         if flat is not None and flat.size:
             return _cpu_float_summary(t, flat)
@@ -163,12 +163,27 @@ def torch_copy(t):
     return t.detach().to("cpu", copy=True)
 
 
+def numpy_of(t):
+    """A numpy array over a CPU tensor's memory (no copy), leaving the tensor as it was:
+    ``Tensor.numpy()`` marks the tensor's storage non-resizable for good, and FSDP2 frees
+    each unsharded parameter after its forward by resizing its storage to 0 (a tensor dump
+    failed it: "Trying to resize storage that is not resizable"). DLPack shares the memory
+    without that mark; a tensor it cannot export is copied first."""
+    t = t.detach()
+    if not (t.is_neg() or t.is_conj()):      # DLPack would share the memory without the bit
+        try:
+            return np.from_dlpack(t)
+        except (BufferError, RuntimeError, TypeError, AttributeError):
+            pass
+    return t.to("cpu", copy=True).resolve_conj().resolve_neg().numpy()
+
+
 def host_copy(t):
     """A CPU numpy copy for a tensor file (numpy has no bfloat16: stored as float32)."""
     t = t.detach()
     if t.is_cpu and t.dtype != torch.bfloat16:
         try:
-            return t.numpy().copy()   # 2-5x cheaper than a torch copy for small tensors
+            return numpy_of(t).copy()   # cheaper than a torch copy for small tensors
         except (RuntimeError, TypeError):   # neg/conj views, dtypes numpy lacks
             pass
     if t.dtype == torch.bfloat16:
@@ -183,7 +198,7 @@ def crc32(t):
     t = t.detach()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
-    arr = t.cpu().contiguous().numpy()
+    arr = numpy_of(t.cpu().contiguous())
     return f"{zlib.crc32(arr) & 0xFFFFFFFF:08x}"
 
 
