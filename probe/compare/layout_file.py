@@ -9,7 +9,12 @@ only to the code. This file says it, per row name (entry name + ``.input.N`` /
 
     {"Functional.linear.0.forward.output.0": {"shard_dim": 1},     # concatenated along dim 1, rank order
      "Functional.linear.*.backward.output.0": {"partial": "sum"},  # each rank holds a term of a sum
-     "Functional.dropout.*": {"replicate": true}}                  # every rank holds the whole
+     "Functional.dropout.*": {"replicate": true},                  # every rank holds the whole
+     "Functional.linear.*.backward.input.0": {"shard_dim": 0, "scale": 0.5}}   # and times 0.5
+
+``scale`` (with any of the three) multiplies the merged tensor of a float row: in data
+parallelism with a mean loss, a rank's activation gradients are the world size times the
+one device's (each rank's loss is the mean over its own rows, the one device's over all).
 
 JSON, or YAML when the name does not end in ``.json``. A recorded DTensor layout is the
 truth and is never overridden by a rule. A bad file is one ``ConfigError`` line naming the
@@ -17,9 +22,11 @@ file, the key and the value, before any compare starts.
 """
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -29,7 +36,8 @@ from probe.errors import ConfigError
 log = logging.getLogger(__name__)
 
 REDUCE_OPS = ("sum", "avg", "max", "min")     # Partial's reductions (torch's Partial(reduce_op))
-ALLOWED = ('{"shard_dim": <int>}, {"partial": "sum"|"avg"|"max"|"min"} or {"replicate": true}')
+ALLOWED = ('{"shard_dim": <int>}, {"partial": "sum"|"avg"|"max"|"min"} or {"replicate": true}, '
+           'each with an optional "scale": <number>')
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,7 @@ class LayoutRule:
     kind: str                    # "shard", "partial" or "replicate"
     shard_dim: int | None = None
     reduce: str | None = None    # Partial's reduction
+    scale: float = 1.0           # the merged tensor multiplied by it (float rows)
 
     def matches(self, row_name: str) -> bool:
         return self._regex().match(row_name) is not None
@@ -109,9 +118,18 @@ def parse_layout(doc, path: str = "<layout>") -> LayoutRules:
 
 def _rule(path: str, key: str, value) -> LayoutRule:
     where = f"layout file {path}: key {key!r}"
-    if not isinstance(value, dict) or len(value) != 1:
+    if not isinstance(value, dict) or len(value) != 1 + ("scale" in value):
         raise ConfigError(f"{where}: value {value!r} must be exactly one of {ALLOWED}")
-    (name, arg), = value.items()
+    layout = {k: v for k, v in value.items() if k != "scale"}
+    scale = value.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale == 0:
+        raise ConfigError(f"{where}: scale {scale!r} must be a finite non-zero number")
+    rule = _layout_rule(where, key, layout)
+    return dataclasses.replace(rule, scale=float(scale)) if scale != 1 else rule
+
+
+def _layout_rule(where: str, key: str, layout: dict) -> LayoutRule:
+    (name, arg), = layout.items()
     if name == "shard_dim":
         if not isinstance(arg, int) or isinstance(arg, bool):
             raise ConfigError(f"{where}: shard_dim {arg!r} must be an integer (a dimension, negative from the end)")

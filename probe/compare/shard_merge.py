@@ -92,6 +92,7 @@ class MergedTensor:
     reduce: str | None = None        # a Partial's reduction
     cant_tell: str = ""              # why the merge cannot give this tensor
     disagree: str = ""               # copies that should agree and do not: which ranks
+    scale: float = 1.0               # the layout file's factor: the pieces' files times it (their stats are scaled)
 
     @property
     def pieces(self) -> list:
@@ -109,7 +110,7 @@ class MergedTensor:
         if not self.has_files:
             raise ValueError("a piece has no tensor file")
         if self.how in ("replicate", "one rank"):
-            return load(self.groups[0][0].data_path)
+            return self._scaled(load(self.groups[0][0].data_path))
         out = None
         for group in self.groups:
             value = _reduce([load(p.data_path) for p in group], self.reduce) if self.reduce \
@@ -117,7 +118,16 @@ class MergedTensor:
             if out is None:
                 out = np.empty(self.shape, dtype=value.dtype)
             out[_slices(group[0].offset, group[0].shape)] = value
-        return out if out is not None else np.empty(self.shape)
+        return self._scaled(out) if out is not None else np.empty(self.shape)
+
+    def _scaled(self, a: np.ndarray) -> np.ndarray:
+        return (a * self.scale).astype(a.dtype) if self.scale != 1 and a.dtype.kind in "fc" else a
+
+    def piece_array(self, p: Piece) -> np.ndarray:
+        """One piece's tensor as the merged tensor holds it (times the rule's scale)."""
+        if p.data_path is None:
+            raise ValueError(f"rank {p.rank}'s piece has no tensor file")
+        return self._scaled(load(p.data_path))
 
 
 @dataclass
@@ -259,7 +269,24 @@ def _recorded(name: str, leaf: dict, pieces: list, dtype: str, tensors: bool) ->
 
 
 def _ruled(name: str, rule, pieces: list, dtype: str, tensors: bool, path: str) -> MergedTensor:
-    """A plain tensor the layout file describes (a 1-D mesh over the step's ranks, rank order)."""
+    """A plain tensor the layout file describes (a 1-D mesh over the step's ranks, rank order),
+    times the rule's scale where it has one (a float tensor's pieces and their statistics)."""
+    if rule.scale == 1 or dtype_class(dtype) in (None, "exact"):
+        return _ruled_layout(name, rule, pieces, dtype, tensors, path)
+    mt = _ruled_layout(name, rule, [_scaled_piece(p, rule.scale) for p in pieces], dtype, tensors, path)
+    mt.scale = rule.scale
+    mt.layout = f"{mt.layout} x{rule.scale:g}"
+    return mt
+
+
+def _scaled_piece(p: Piece, scale: float) -> Piece:
+    """The piece's statistics as ``scale`` times it has them (Max and Min swap below zero)."""
+    mx, mn, mean, norm = p.stats
+    mx, mn = (mx * scale, mn * scale) if scale > 0 else (mn * scale, mx * scale)
+    return Piece(p.rank, p.shape, p.dtype, (mx, mn, mean * scale, norm * abs(scale)), p.offset, p.data_path)
+
+
+def _ruled_layout(name: str, rule, pieces: list, dtype: str, tensors: bool, path: str) -> MergedTensor:
     source = "layout file"
     if rule.kind == "shard":
         ndim = len(pieces[0].shape)
@@ -407,8 +434,8 @@ def _merge_files(mt: MergedTensor) -> None:
     for g in mt.groups:
         if mt.reduce or len(g) < 2:
             continue
-        ref = load(g[0].data_path)
-        differ.extend((g[0].rank, p.rank) for p in g[1:] if not arrays_agree(ref, load(p.data_path), mt.dtype))
+        ref = mt.piece_array(g[0])
+        differ.extend((g[0].rank, p.rank) for p in g[1:] if not arrays_agree(ref, mt.piece_array(p), mt.dtype))
     if not mt.reduce:
         _merge_stats(mt)
     mt.disagree = _differ_text(differ) if differ else ""
