@@ -866,8 +866,9 @@ class CompileHook:
 
     def install(self):
         if not SUPPORTED:
-            _said.info("version", "probe: torch %s has no backward metadata in compiled graphs (2.5+): "
-                       "a torch.compile'd model is dumped only where it runs eagerly", torch.__version__)
+            if _said.first("version"):
+                log.info("probe: torch %s has no backward metadata in compiled graphs (2.5+): a "
+                         "torch.compile'd model is dumped only where it runs eagerly", torch.__version__)
             return
         import torch._inductor.compile_fx as cfx
         if self._original is None:
