@@ -25,7 +25,12 @@ from probe.vocabulary import PAGE_METRICS, PAGE_STATUSES, RUN_VERDICTS
 
 STATUS = list(PAGE_STATUSES)
 _FRAME = re.compile(r'File "?(?P<file>[^",]+)"?, line (?P<line>\d+), in (?P<func>[^,\n]+)')
-_LIBRARY = re.compile(r"[/\\](torch|torch_npu|msprobe)[/\\]|[/\\]probe[/\\](?!demo\.py)|<frozen ")
+_LIBRARY = re.compile(r"[/\\](torch|torch_npu|msprobe)[/\\]|<frozen ")
+# probe's own files by its folder, not by a path holding "probe" (a clone named probe holds
+# the user's scripts too); its demo model is user code. stack.json leaves probe's frames out
+# already: this is for stacks written by older versions.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_DEMO = _PACKAGE + "demo.py"
 _STEP = re.compile(r"(?:^|[/\\])step(\d+)(?:[/\\]|$)")
 _RANK = re.compile(r"(?:^|[/\\])(?:rank|proc)(\d*)(?:[/\\]|$)")
 
@@ -37,7 +42,8 @@ def user_frame(stack: str | None) -> str | None:
         return None
     frames = [m for m in _FRAME.finditer(stack)]
     for m in frames:                         # msprobe's stacks list the innermost first
-        if not _LIBRARY.search(m.group("file")):
+        file = m.group("file")
+        if not _LIBRARY.search(file) and (not file.startswith(_PACKAGE) or file == _DEMO):
             return f"{m.group('file')}:{m.group('line')} in {m.group('func').strip()}"
     return None
 
