@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from conftest import LogCapture  # noqa: E402
 from inductor_fault import wrong_lowering  # noqa: E402
-from models import make_gpt  # noqa: E402
+from models import make_gpt, train_step  # noqa: E402
 
 from probe import PrecisionDebugger  # noqa: E402
 from probe.dump import compiled_graphs  # noqa: E402
@@ -227,3 +227,25 @@ def test_a_half_precision_graph_is_left_unhooked_and_said_once(tmp_path):
     said = [r.getMessage() for r in log.records if "not instrumented" in r.getMessage()]
     assert len(said) == 1 and "bfloat16" in said[0], said
     assert not any(k.startswith("Functional.linear") for k in data(tmp_path))
+
+
+def test_mix_level_dumps_the_graphs_apis_and_no_module_entries(tmp_path):
+    """At mix a compiled model's modules are not hooked (its graph would recompile each step),
+    but the APIs inside its graphs are dumped as at L1."""
+    import torch._dynamo as dynamo
+    dynamo.reset()
+    model, x, y = make_gpt(d=32, n_layers=1)
+    opt = torch.optim.AdamW(model.parameters())
+    run = torch.compile(model)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), task="statistics", level="mix")
+    for _ in range(2):
+        dbg.start(run)
+        train_step(run, opt, x, y)
+        dbg.stop()
+        dbg.step()
+    dbg.close()
+    dynamo.reset()
+    entries = data(tmp_path, step=1)
+    assert sum(k.startswith("Functional.linear.") and k.endswith(".forward") for k in entries) >= 4
+    assert "Functional.gelu.0.backward" in entries
+    assert not any(k.startswith("Module.") for k in entries)

@@ -180,9 +180,10 @@ class ModuleDumper:
                 # Inside a compiled graph the hooks would run as no-ops (dynamo traces them
                 # stepping aside) and, added and removed each step, change the guards dynamo
                 # keeps on the modules' hooks: a recompile per dumped step.
-                _said.warning(id(model), "probe: the model runs under torch.compile: L0/mix record "
-                                "nothing inside its compiled graph (its hooks would only make dynamo "
-                                "recompile each step); the APIs that run eagerly are dumped")
+                _said.warning(id(model), "probe: the model runs under torch.compile: L0/mix record no "
+                                "module entries inside its compiled graph (its hooks would only make dynamo "
+                                "recompile each step); its APIs are dumped, those inside graphs inductor "
+                                "compiled too (mix)")
                 continue
             reduced = reduced_grads.wrapper_kind(model) is not None
             if reduced:   # DDP / FSDP2: the gradients the wrapper reduced, not a hook's local ones
