@@ -28,7 +28,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tp_train import ScaleMatmul  # noqa: E402
+from tp_train import ScaleMatmul, parse_fault  # noqa: E402
 
 GLOBAL_BATCH = 4
 
@@ -56,11 +56,7 @@ def _options(argv):
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--level", default="L1")
     opts = parser.parse_args(argv)
-    fault = None
-    if opts.fault:
-        parts = opts.fault.split(":")
-        fault = (int(parts[0]), int(parts[1]), float(parts[2]) if len(parts) > 2 else 1.05)
-    return opts, fault
+    return opts, parse_fault(opts.fault)
 
 
 def _wrap(model, wrapper):

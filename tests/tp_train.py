@@ -115,11 +115,15 @@ def _options(argv):
     parser.add_argument("--single", action="store_true")
     parser.add_argument("--steps", type=int, default=3)
     opts = parser.parse_args(argv)
-    fault = None
-    if opts.fault:
-        parts = opts.fault.split(":")
-        fault = (int(parts[0]), int(parts[1]), float(parts[2]) if len(parts) > 2 else 1.05)
-    return opts, fault
+    return opts, parse_fault(opts.fault)
+
+
+def parse_fault(text):
+    """``--fault RANK:STEP[:SCALE]`` as (rank, step, scale), scale 1.05 by default; None if not given."""
+    if not text:
+        return None
+    parts = text.split(":")
+    return int(parts[0]), int(parts[1]), float(parts[2]) if len(parts) > 2 else 1.05
 
 
 def _model(opts, rank, world):

@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from probe.dump import stats
 from probe.dump.compiled_operators import OPERATOR_NODE_NAMES, OperatorNames
 from probe.dump.records import BackwardEntry, ForwardEntry, describe_value, tensor_summary
 from probe.dump.stack import format_frame, is_plumbing
@@ -69,18 +70,14 @@ _REFLECTED = {"add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul"
 
 
 def _summarise(*tensors):
-    """The in-graph statistics: per tensor (Max, Min, Mean, Norm) in float64, as the
-    eager dump computes them (float32 accumulation for half types, exact for ints)."""
+    """The in-graph statistics: per tensor (Max, Min, Mean, Norm) in float64, from the
+    reductions an eager dump of an accelerator tensor starts (``stats.device_reductions``),
+    traced into the graph; the mean divides the sum as the eager fetch does."""
     parts = []
     for t in tensors:
-        t = t.detach()
-        if t.dtype.is_floating_point:
-            acc = torch.float32 if t.dtype in _LOW_PRECISION else t.dtype
-            w = t.to(acc)
-        else:
-            w = t.to(torch.float64)
-        parts.append(torch.stack([w.amax(), w.amin(), w.sum() / max(t.numel(), 1),
-                                  torch.linalg.vector_norm(w)]).to(torch.float64))
+        r = stats.device_reductions(t)   # tensors here are never empty (TensorSlot)
+        v = r.parts.to(torch.float64)
+        parts.append(torch.cat((v[:2], v[2:3] / r.numel, v[3:])))
     return torch.cat(parts)
 
 
@@ -901,24 +898,23 @@ class CompileHook:
         reason = _refusal(kwargs.get("config_patches") or {})
         spare = _copy_graph_module(gm)   # for the plain version, and the fallback's
         _inside.on = True
-        state = guard()
-        state.__enter__()
         try:
-            instrumented = None
-            if reason is None:
-                try:
-                    instrumented = self._instrumented(_copy_graph_module(spare), example_inputs, args, kwargs, None)
-                except _Refused as exc:
-                    reason = str(exc)
-            plain_kwargs = dict(kwargs, inner_compile=self._inner(kwargs.get("inner_compile"), None))
-            if instrumented is None:
-                if reason is not None:
-                    _said.warning(reason, "probe: a compiled graph with %s is not instrumented: its APIs are not "
-                                  "dumped (%s)", reason, _WHY.get(reason, ""))
-                return original(gm, example_inputs, *args, **plain_kwargs)
-            plain = original(gm, example_inputs, *args, **plain_kwargs)
+            with guard():
+                instrumented = None
+                if reason is None:
+                    try:
+                        instrumented = self._instrumented(_copy_graph_module(spare), example_inputs, args, kwargs,
+                                                          None)
+                    except _Refused as exc:
+                        reason = str(exc)
+                plain_kwargs = dict(kwargs, inner_compile=self._inner(kwargs.get("inner_compile"), None))
+                if instrumented is None:
+                    if reason is not None:
+                        _said.warning(reason, "probe: a compiled graph with %s is not instrumented: its APIs are "
+                                      "not dumped (%s)", reason, _WHY.get(reason, ""))
+                    return original(gm, example_inputs, *args, **plain_kwargs)
+                plain = original(gm, example_inputs, *args, **plain_kwargs)
         finally:
-            state.__exit__()
             _inside.on = False
 
         def fallback():   # only the calls inductor runs as extern kernels (see _Verified)
