@@ -152,7 +152,7 @@ class PrecisionDebugger:
         if self._writer is not None and self._dir_step == self.current_step:
             self._write_meta(only_if_grown=True)   # backward entries that arrived after stop() add to construct.json
             self._writer.sync()
-        for part in (self._collector, self._modules, self._kernels, self._tracker):
+        for part in (self._collector, self._modules, self._kernels, self._tracker, self._graphs):
             if part is not None:
                 part.reset_step()
         if self._interceptor is not None and not self.config.wants_step(self.current_step + 1):
@@ -228,7 +228,9 @@ class PrecisionDebugger:
         self._interceptor = Interceptor(with_custom_ops(self.registry), handler)
         if level in ("L1", "mix") and self.config.task != "overflow_check" and self._compile_hook is None:
             # registered APIs inside torch.compile'd graphs, from the next compile on
-            self._graphs = CompiledGraphs(self._collector)
+            if self._construct is None:    # L1: construct.json holds the compiled graphs' entries only
+                self._construct = Construct()
+            self._graphs = CompiledGraphs(self._collector, self._construct)
             self._compile_hook = CompileHook(self._graphs, self.registry.by_func, self.registry.dunders,
                                              with_tensors=self._with_tensors)
             self._compile_hook.install()

@@ -229,15 +229,20 @@ def test_a_half_precision_graph_is_left_unhooked_and_said_once(tmp_path):
     assert not any(k.startswith("Functional.linear") for k in data(tmp_path))
 
 
-def test_mix_level_dumps_the_graphs_apis_and_no_module_entries(tmp_path):
-    """At mix a compiled model's modules are not hooked (its graph would recompile each step),
-    but the APIs inside its graphs are dumped as at L1."""
+def construct(root, step=0):
+    (path,) = glob.glob(os.path.join(str(root), f"step{step}", "*", "construct.json"))
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _mix_run(root, compiled):
     import torch._dynamo as dynamo
     dynamo.reset()
-    model, x, y = make_gpt(d=32, n_layers=1)
+    torch.manual_seed(0)
+    model, x, y = make_gpt(d=32, n_layers=2)
     opt = torch.optim.AdamW(model.parameters())
-    run = torch.compile(model)
-    dbg = PrecisionDebugger(dump_path=str(tmp_path), task="statistics", level="mix")
+    run = torch.compile(model) if compiled else model
+    dbg = PrecisionDebugger(dump_path=str(root), task="statistics", level="mix")
     for _ in range(2):
         dbg.start(run)
         train_step(run, opt, x, y)
@@ -245,7 +250,34 @@ def test_mix_level_dumps_the_graphs_apis_and_no_module_entries(tmp_path):
         dbg.step()
     dbg.close()
     dynamo.reset()
-    entries = data(tmp_path, step=1)
+
+
+def test_mix_level_dumps_the_graphs_apis_and_no_module_entries(tmp_path):
+    """At mix a compiled model's modules are not hooked (its graph would recompile each step),
+    but the APIs inside its graphs are dumped as at L1, each under the module an eager mix
+    run puts it under in construct.json (from the FX nodes' nn_module_stack)."""
+    _mix_run(tmp_path / "compiled", compiled=True)
+    _mix_run(tmp_path / "eager", compiled=False)
+    entries = data(tmp_path / "compiled", step=1)
     assert sum(k.startswith("Functional.linear.") and k.endswith(".forward") for k in entries) >= 4
     assert "Functional.gelu.0.backward" in entries
     assert not any(k.startswith("Module.") for k in entries)
+    for step in (0, 1):
+        got, want = construct(tmp_path / "compiled", step), construct(tmp_path / "eager", step)
+        placed = {k: v for k, v in got.items() if v is not None}
+        assert len(placed) >= 10, got
+        for name in ("Functional.linear.0.forward", "Functional.gelu.1.forward", "Functional.gelu.0.backward"):
+            assert got[name] is not None and got[name] == want[name], (name, got[name], want[name])
+        wrong = {k: (v, want[k]) for k, v in placed.items() if k in want and want[k] != v}
+        assert not wrong, wrong
+
+
+def test_l1_construct_holds_the_module_of_each_compiled_call(tiny_runs):
+    """At L1 no module hook runs, eager or compiled; a compiled call's module comes from its
+    FX node, so construct.json holds it (an eager L1 dump's stays empty)."""
+    root, _ = tiny_runs
+    got = construct(root / "compiled")
+    assert construct(root / "eager") == {}
+    fc = [v for k, v in got.items() if k.startswith("Functional.gelu.0.")]
+    assert fc and all(v and v.startswith("Module.blocks.0.TransformerBlock.") for v in fc), got
+    assert {v.rsplit(".", 2)[1] for v in fc} == {"forward", "backward"}, fc

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import operator
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -45,7 +46,7 @@ from probe.hook_module.interceptor import guard
 from probe.hook_module.torch_function_off import no_function_mode
 from probe.log_once import LogOnce
 from probe.torch_compat import TORCH, real_tensors
-from probe.vocabulary import STAT_KEYS
+from probe.vocabulary import BACKWARD, FORWARD, MODULE, STAT_KEYS
 
 log = logging.getLogger(__name__)
 _said = LogOnce(log)
@@ -117,7 +118,7 @@ class ApiCall:
     kwargs: Dict[str, Any]
     outputs: List[Any]
     stack: Optional[str]      # the FX node's stack_trace
-    module: Optional[str]     # innermost nn_module_stack path
+    module: Optional[Tuple[str, str]]   # innermost nn_module_stack (path, class): _module_path
     producers: List[str] = field(default_factory=list)   # per tensor input: its node's key
 
 
@@ -153,15 +154,40 @@ class CompiledGraphs:
     wait for the writer's next flush, where they are fetched in one transfer.
     """
 
-    def __init__(self, collector):
+    def __init__(self, collector, construct):
         self.collector = collector
         self.entries = collector.entries
+        # construct.json: each entry's module, as eager mix names it (``Module.{path}.{Class}
+        # .forward.{n}``, n counting that module's graph runs in the step); at L1 too, where
+        # no module hook can say it (the debugger writes it)
+        self.construct = construct
+        self.module_counters: Dict[Tuple[str, str], int] = {}
         self.active = False
         self._waiting: List[Tuple[Any, list]] = []   # (device vector, [(summary, index)])
         collector.writer.before_flush.append(self.fill)
 
     def start(self):
         self.active = True
+
+    def reset_step(self):
+        self.module_counters.clear()
+        self.construct.reset()
+
+    def _parents(self, plan: GraphPlan) -> Dict[str, str]:
+        """call source -> its module's entry name without the direction (``Module.fc.Linear``
+        and the counter), counting each module once per graph run."""
+        seen: Dict[Tuple[str, str], str] = {}
+        out = {}
+        for call in plan.calls:
+            if call.module is None:
+                continue
+            name = seen.get(call.module)
+            if name is None:
+                n = self.module_counters.get(call.module, 0)
+                self.module_counters[call.module] = n + 1
+                name = seen[call.module] = f"{MODULE}.{call.module[0]}.{call.module[1]}.{{}}.{n}"
+            out[call.source] = name
+        return out
 
     def stop(self):
         self.active = False
@@ -173,11 +199,13 @@ class CompiledGraphs:
         flt = collector.filter
         fill: list = []
         made = []
+        parents = self._parents(plan)
         for call in plan.calls:
             n = collector.counters.get(call.api, 0)
             collector.counters[call.api] = n + 1
             base = f"{call.api}.{n}"
-            names[call.source] = base
+            parent = parents.get(call.source)
+            names[call.source] = (base, parent)
             if not flt.forward or (not flt.everything and not flt.wants(base)):
                 continue
             fwd = base + ".forward"
@@ -189,8 +217,7 @@ class CompiledGraphs:
                 entry.output = [self._form(o, fill, tensors, f"{fwd}.output.{i}") for i, o in enumerate(call.outputs)]
             made.append((fwd, entry))
             collector.stacks.record(fwd, plan.frames[call.source])
-            if collector.construct is not None:
-                collector.construct.tree[fwd] = None
+            self.construct.tree[fwd] = parent and parent.format(FORWARD)
         self._write(vector, fill, made)
         return names
 
@@ -202,10 +229,11 @@ class CompiledGraphs:
         fill: list = []
         made = []
         for call in plan.backward:
-            base = names.get(call.source)
+            base, parent = names.get(call.source, (None, None))
             if base is None or (not flt.everything and not flt.wants(base, base + ".backward")):
                 continue
             bwd = base + ".backward"
+            self.construct.tree[bwd] = parent and parent.format(BACKWARD)
             entry = BackwardEntry()
             if flt.inputs:
                 entry.input = [self._form(g, fill, tensors, f"{bwd}.input.{i}") for i, g in enumerate(call.grads_in)]
@@ -387,12 +415,25 @@ def _user_frame(stack_trace):
     return None
 
 
-def _module_path(node):
+_ROOT = re.compile(r"^L\[['\"][^'\"]+['\"]\]")          # L['self']: the compiled frame's local
+_INDEX = re.compile(r"(?:\._modules)?\[['\"]?([^'\"\]]+)['\"]?\]")   # [0], ['fc'], ._modules['fc']
+
+
+def _module_path(node) -> Optional[Tuple[str, str]]:
+    """(path below the compiled module, class name) of the innermost module the call ran
+    in, from dynamo's ``nn_module_stack`` (``("L['self'].layers.0.ln", LayerNorm)``):
+    the path as ``named_modules()`` names it, the root's own calls and a form this torch
+    writes otherwise (``L__self___layers_0``, torch < 2.3) None."""
     stack = node.meta.get("nn_module_stack")
     if not stack:
         return None
-    path, _ = list(stack.values())[-1]
-    return path
+    path, cls = list(stack.values())[-1]
+    root = _ROOT.match(path)
+    if root is None:
+        return None
+    path = _INDEX.sub(lambda m: "." + m.group(1), path[root.end():]).lstrip(".")
+    name = cls.__name__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1]
+    return (path, name) if path else None
 
 
 def _check_values(apis):
