@@ -33,7 +33,6 @@ step produced them) that differ, and by how much.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -42,6 +41,7 @@ from . import verdict as vd
 from .draws import DrawCheck
 from .local_error import LocalError, Replays
 from .rows import direction
+from probe.python_compat import SLOTS
 from probe.tolerances import tolerance_for
 
 JUMP = 4.0           # output error above JUMP x input error: the call made it, not its inputs
@@ -65,7 +65,10 @@ MATRIX_UNIT = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "addbmm", "ba
 _LOW_PRECISION = ("bfloat16", "float16")
 
 
-@dataclass
+_UNPARSED = object()
+
+
+@dataclass(**SLOTS)     # 100k calls: ~1 KB each with a __dict__, ~0.3 KB with slots
 class CallDiag:
     """One call (or one group of calls) with its input and output error."""
     index: int                       # position in the aligned sequence
@@ -94,18 +97,21 @@ class CallDiag:
     extremes_off: bool = False     # statistics: its output's Max/Min are not its function of its input's
     normalizes: bool = False       # divides by its input's spread: amplifies what came in
     note: str = ""                 # why a "can't tell" comes from outside the numbers (a shard merge)
+    _api: object = field(default=_UNPARSED, repr=False, compare=False)
 
     @property
     def name(self) -> str:
         return self.npu_entry or self.bench_entry or ""
 
-    @functools.cached_property
+    @property
     def api(self):
         """The NPU entry's ``precheck.entries.ApiEntry`` (None for a module, a custom op, a
         bench-only call), parsed once: three checks ask for it (it was a third of the
         diagnosis on bench/compare.py's 100k-entry pair)."""
-        from probe.precheck.entries import parse_name
-        return parse_name(self.name) if self.npu_entry else None
+        if self._api is _UNPARSED:
+            from probe.precheck.entries import parse_name
+            self._api = parse_name(self.name) if self.npu_entry else None
+        return self._api
 
     @property
     def jump(self) -> float | None:

@@ -37,7 +37,7 @@ class StackLookup:
         self.stacks = load_stacks(path) if path else {}
 
     def __call__(self, entry):
-        if not entry:
+        if not entry or not self.stacks:
             return None
         s = self.stacks.get(entry)
         if s is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import queue
+import sys
 import threading
 import zipfile
 from dataclasses import dataclass, field
@@ -121,13 +122,24 @@ def _header_cell(ref: str, text) -> str:
     return f'<c r="{ref}" s="{_XF_HEADER}" t="inlineStr"><is><t xml:space="preserve">{esc(str(text))}</t></is></c>'
 
 
+# While the writer thread runs: how soon the encoding thread hands it the GIL back.
+SWITCH_INTERVAL_S = 0.001
+
+
 class _FileThread:
     """Writes to ``fh`` from a second thread: deflate and the file write release the GIL,
-    so compressing one chunk overlaps encoding the next (~6 s of zlib on the 100k-entry
-    pair's 300k rows). The compare's one concurrency beside its process: a writer thread."""
+    so compressing one chunk overlaps encoding the next (1.6 s of zlib on the 100k-entry
+    pair's 300k rows). The compare's one concurrency beside its process: a writer thread.
+
+    The writer takes the GIL back several times a chunk (CRC, deflate, write); at Python's
+    default switch interval (5 ms) it waited that long each time, and the main sheet of
+    bench/compare.py's 100k-entry pair took 3.5 s, as if written serially. At 1 ms, 2.6 s
+    (``SWITCH_INTERVAL_S``, while the thread runs; the caller's interval is restored)."""
 
     def __init__(self, fh):
         self.queue, self.error = queue.Queue(maxsize=3), None
+        self.interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self.interval, SWITCH_INTERVAL_S))
         self.thread = threading.Thread(target=self._run, args=(fh,), name="probe-xlsx-writer", daemon=True)
         self.thread.start()
 
@@ -147,6 +159,7 @@ class _FileThread:
     def close(self):
         self.queue.put(None)
         self.thread.join()
+        sys.setswitchinterval(self.interval)
         if self.error is not None:
             raise self.error
 
