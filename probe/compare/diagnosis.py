@@ -36,11 +36,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from . import draws
 from . import verdict as vd
 from .draws import DrawCheck
 from .local_error import LocalError, Replays
-from .rows import direction
 from probe.python_compat import SLOTS
 from probe.tolerances import tolerance_for
 
@@ -349,7 +350,50 @@ def _nonfinite_differs(a, b) -> bool:
     return fa != fb
 
 
-def _cancellation_floors(result, calls, errors):
+_IN, _OUT = 1, 2        # a row's part as the diagnosis reads it: what a call takes, what it gives
+
+
+@dataclass
+class _RowFacts:
+    """Per table row, as arrays: what grouping rows into calls reads (one pass over the
+    pairs, then numpy per call instead of Python per row: 300k rows of the 100k-entry pair)."""
+    unit: np.ndarray        # the row's call (index into the calls)
+    paired: np.ndarray      # both sides hold the row
+    part: np.ndarray        # the NPU row's _IN / _OUT / 0
+    bench_in: np.ndarray    # the bench row is a tensor taken by the call (input, parameters)
+    out_same: np.ndarray    # an NPU output whose bench row is a tensor of the same shape
+    bench_norm: np.ndarray
+    bench_numel: np.ndarray
+
+    @classmethod
+    def of(cls, pairs, unit_of) -> _RowFacts:
+        n = len(pairs)
+        paired, part = np.zeros(n, bool), np.zeros(n, np.int8)
+        bench_in, out_same = np.zeros(n, bool), np.zeros(n, bool)
+        norm, numel = np.full(n, np.nan), np.zeros(n)
+        parts = {"input": _IN, "parameters": _IN, "output": _OUT, "parameters_grad": _OUT}
+        for i, p in enumerate(pairs):
+            a, b = p.npu, p.bench
+            if a is None or b is None:
+                continue
+            paired[i] = True
+            part[i] = parts.get(a.io, 0)
+            if b.kind == "tensor":
+                norm[i], numel[i] = b.stats[3], b.numel
+                bench_in[i] = b.io == "input" or b.io == "parameters"
+                out_same[i] = a.io == "output" and a.shape == b.shape
+        return cls(np.asarray(unit_of, np.int64), paired, part, bench_in, out_same, norm, numel)
+
+
+def _per_call(n_calls: int, unit: np.ndarray, values: np.ndarray, empty=-np.inf) -> np.ndarray:
+    """Per call the largest of ``values`` over its rows (``unit``: each value's call);
+    ``empty`` where it has none."""
+    out = np.full(n_calls, empty, dtype=np.float64)
+    np.maximum.at(out, unit, values)
+    return out
+
+
+def _cancellation_floors(result, facts: _RowFacts, n_calls: int, errors):
     """Statistics mode: an output row's error against at least what its inputs could sum to.
 
     A reduction's output that cancels to near zero (a bias gradient before a BatchNorm)
@@ -357,31 +401,30 @@ def _cancellation_floors(result, calls, errors):
     which relative to its own tiny magnitude looks like a 100% error. Judged against the
     magnitude the sum would have without cancellation, sqrt(N) x RMS of the largest input
     (N = its elements per output element), that noise is the dtype's rounding again."""
-    import numpy as np
     pairs, tol_dtype = result.pairs, result.columns["Tolerance Dtype"]
-    rows, floors = [], []
-    for u in calls:
-        big_norm, big = -1.0, None
-        for i in u.rows:
-            b = pairs[i].bench
-            if b is not None and pairs[i].npu is not None and b.kind == "tensor" \
-                    and (b.io == "input" or b.io == "parameters") and b.stats[3] > big_norm:
-                big_norm, big = b.stats[3], b
-        if big is None or not big.numel or not math.isfinite(big_norm):
-            continue
-        rms = big_norm / math.sqrt(big.numel)
-        for i in u.rows:
-            a, b = pairs[i].npu, pairs[i].bench
-            if a is None or b is None or a.io != "output" or errors[i] is None or b.kind != "tensor" \
-                    or a.shape != b.shape or not b.numel:
-                continue
-            tol = tolerance_for(tol_dtype[i])
-            rows.append(i)
-            floors.append(max(tol.floor, rms * math.sqrt(max(big.numel / b.numel, 1.0))))
-    if not rows:
+    with np.errstate(invalid="ignore"):
+        taken = facts.paired & facts.bench_in & (facts.bench_norm > -1.0)
+    rows = np.flatnonzero(taken)
+    big_norm = _per_call(n_calls, facts.unit[rows], facts.bench_norm[rows])
+    # the first row of each call holding its largest input (as a scan keeping the first would)
+    at_max = rows[facts.bench_norm[rows] == big_norm[facts.unit[rows]]]
+    first = np.full(n_calls, len(pairs), dtype=np.int64)
+    np.minimum.at(first, facts.unit[at_max], at_max)
+    has = (first < len(pairs)) & np.isfinite(big_norm)
+    big_numel = np.where(has, facts.bench_numel[np.minimum(first, len(pairs) - 1)], 0.0)
+    has &= big_numel > 0
+    known = np.array([e is not None for e in errors], dtype=bool)
+    out = np.flatnonzero(facts.out_same & known & (facts.bench_numel > 0) & has[facts.unit])
+    if not len(out):
         return
-    a, b, numel = _stats_arrays([pairs[i].npu for i in rows], [pairs[i].bench for i in rows])
-    for i, e in zip(rows, stat_errors(a, b, numel, np.array(floors)).tolist()):
+    u = facts.unit[out]
+    rms = big_norm[u] / np.sqrt(big_numel[u])
+    floors = rms * np.sqrt(np.maximum(big_numel[u] / facts.bench_numel[out], 1.0))
+    tol_floor = {t: tolerance_for(t).floor for t in {tol_dtype[i] for i in out.tolist()}}
+    floors = np.maximum(floors, [tol_floor[tol_dtype[i]] for i in out.tolist()])
+    out_rows = out.tolist()
+    a, b, numel = _stats_arrays([pairs[i].npu for i in out_rows], [pairs[i].bench for i in out_rows])
+    for i, e in zip(out_rows, stat_errors(a, b, numel, floors).tolist()):
         if not math.isnan(e) and e < errors[i]:
             errors[i] = e
 
@@ -389,9 +432,10 @@ def _cancellation_floors(result, calls, errors):
 def _units(result, errors):
     """Rows grouped into calls, in table order (the aligned call sequence)."""
     units: dict = {}
-    cols = result.columns
     npu_mod = result.npu.modules if result.npu else {}
     bench_mod = result.bench.modules if result.bench else {}
+    unit_of = []
+    directions = result.columns["Direction"]      # the table's, parsed once per entry
     for i, p in enumerate(result.pairs):
         a, b = p.npu, p.bench
         if p.align.startswith("group"):
@@ -402,8 +446,7 @@ def _units(result, errors):
             key = ("bench", b.entry)
         u = units.get(key)
         if u is None:
-            entry = (a or b).entry
-            u = units[key] = CallDiag(len(units), direction(entry), a.entry if a else None,
+            u = units[key] = CallDiag(len(units), directions[i], a.entry if a else None,
                                       b.entry if b else None, p.align or "exact")
             u.module = npu_mod.get(u.npu_entry) or bench_mod.get(u.bench_entry)
         if u.npu_entry is None and a is not None:
@@ -411,47 +454,63 @@ def _units(result, errors):
         if u.bench_entry is None and b is not None:
             u.bench_entry = b.entry
         u.rows.append(i)
+        unit_of.append(u.index)
     calls = list(units.values())
+    facts = _RowFacts.of(result.pairs, unit_of)
     if result.mode != "tensor":
-        _cancellation_floors(result, calls, errors)
-    pairs, tol_dtype = result.pairs, cols["Tolerance Dtype"]
-    max_rel_col = cols.get("MaxRelativeErr")              # md5 mode has none
-    cos_col = cols["Cosine"] if result.mode == "tensor" else None
-    f32 = vd.TOLERANCES["float32"].rtol
-    for u in calls:
-        ins, outs, paired = [], [], False
-        for i in u.rows:
-            p = pairs[i]
-            if p.npu is None or p.bench is None:
-                continue
-            paired = True
-            e, io = errors[i], p.npu.io
-            if e is None:
-                continue
-            if io == "input" or io == "parameters":
-                ins.append(e)
-            elif io == "output" or io == "parameters_grad":
-                outs.append((e, i))
-        if not paired:
-            u.status = "unmatched"
-            continue
-        u.input_error = max(ins) if ins else 0.0
-        if not outs:
-            u.status = "not compared"
-            continue
-        u.output_error, u.worst_row = max(outs)
-        tols = [t.rtol for t in (vd.TOLERANCES.get(tol_dtype[i]) for _, i in outs) if t]
-        u.tolerance = max(tols) if tols else f32
-        cos = []
-        if cos_col is not None:
-            cos = [1 - c for c in (_f(cos_col[i]) for _, i in outs) if c is not None and not math.isnan(c)]
-        rel = []
-        if max_rel_col is not None:
-            rel = [m for m in (_f(max_rel_col[i]) for _, i in outs) if m is not None and math.isfinite(m)]
-        u.one_minus_cos = max(cos) if cos else None
-        u.max_rel = max(rel) if rel else None
+        _cancellation_floors(result, facts, len(calls), errors)
+    _errors_of_calls(result, calls, facts, errors)
     _saved_inputs(calls)
     return calls
+
+
+def _errors_of_calls(result, calls, facts: _RowFacts, errors):
+    """Each call's input error (its largest over what it takes), output error and the row
+    holding it (the largest over what it gives, the last such row on a tie), tolerance
+    (its outputs' loosest dtype), and its outputs' worst 1 - cosine and max relative error."""
+    cols, n = result.columns, len(calls)
+    err = np.array([np.nan if e is None else e for e in errors], dtype=np.float64)
+    known = facts.paired & ~np.isnan(err)
+    ins, outs = np.flatnonzero(known & (facts.part == _IN)), np.flatnonzero(known & (facts.part == _OUT))
+    paired = np.bincount(facts.unit[facts.paired], minlength=n) > 0
+    input_error = _per_call(n, facts.unit[ins], err[ins])
+    output_error = _per_call(n, facts.unit[outs], err[outs])
+    has_out = np.bincount(facts.unit[outs], minlength=n) > 0
+    at_max = outs[err[outs] == output_error[facts.unit[outs]]]
+    worst = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(worst, facts.unit[at_max], at_max)
+    tol_dtype = cols["Tolerance Dtype"]
+    rtols = {t: (vd.TOLERANCES[t].rtol if vd.TOLERANCES.get(t) else -np.inf)
+             for t in {tol_dtype[i] for i in outs.tolist()}}
+    tolerance = _per_call(n, facts.unit[outs], np.array([rtols[tol_dtype[i]] for i in outs.tolist()]))
+    max_rel_col = cols.get("MaxRelativeErr")              # md5 mode has none
+    cos_col = cols["Cosine"] if result.mode == "tensor" else None
+
+    def worst_of(col, value):        # per call, the largest ``value`` of its outputs' cells
+        if col is None:
+            return None
+        v = [value(_f(col[i])) for i in outs.tolist()]
+        return _per_call(n, facts.unit[outs], np.array(v, dtype=np.float64).reshape(-1)).tolist()
+    with np.errstate(invalid="ignore"):
+        one_minus_cos = worst_of(cos_col, lambda c: -np.inf if c is None or math.isnan(c) else 1 - c)
+        max_rel = worst_of(max_rel_col, lambda m: m if m is not None and math.isfinite(m) else -np.inf)
+    f32 = vd.TOLERANCES["float32"].rtol
+    for k, u, is_paired, i_err, has, o_err, w, tol in zip(
+            range(n), calls, paired.tolist(), input_error.tolist(), has_out.tolist(),
+            output_error.tolist(), worst.tolist(), tolerance.tolist()):
+        if not is_paired:
+            u.status = "unmatched"
+            continue
+        u.input_error = i_err if i_err != -math.inf else 0.0
+        if not has:
+            u.status = "not compared"
+            continue
+        u.output_error, u.worst_row = o_err, w
+        u.tolerance = tol if tol != -math.inf else f32
+        if one_minus_cos is not None and one_minus_cos[k] != -math.inf:
+            u.one_minus_cos = one_minus_cos[k]
+        if max_rel is not None and max_rel[k] != -math.inf:
+            u.max_rel = max_rel[k]
 
 
 def _saved_inputs(calls):
@@ -692,7 +751,7 @@ def _drift(calls) -> Drift:
 
 
 def _low_precision(result):
-    for dt in result.columns.get("NPU Dtype", ()):
+    for dt in dict.fromkeys(result.columns.get("NPU Dtype", ())):     # a few distinct, in order
         if dt and any(lp in dt for lp in _LOW_PRECISION):
             return next(lp for lp in _LOW_PRECISION if lp in dt)
     return None
@@ -743,7 +802,7 @@ def _draws(result, calls, replays) -> Draws | None:
     n, differ, first, unjudged = 0, 0, None, []
     for u in calls:
         api = u.api
-        if api is None:
+        if api is None or not draws.may_draw(api):
             continue
         fwd = forward.get(f"{api.base}.forward")
         fwd_rows = [pairs[i].npu for i in fwd.rows if pairs[i].npu is not None] if fwd else []
@@ -794,7 +853,8 @@ def _after_differing_paths(result, calls, drawn) -> str | None:
         firsts.append(next(u.index for u in calls if u.npu_entry == drawn.first_differing))
     shaped = next((u for u in calls if u.direction == "forward" and any(
         result.pairs[i].npu is not None and result.pairs[i].bench is not None and result.pairs[i].npu.io == "output"
-        and result.pairs[i].npu.kind == "tensor" and result.pairs[i].npu.numel != result.pairs[i].bench.numel
+        and result.pairs[i].npu.kind == "tensor" and result.pairs[i].npu.shape != result.pairs[i].bench.shape
+        and result.pairs[i].npu.numel != result.pairs[i].bench.numel
         for i in u.rows)), None)
     if shaped is not None:
         firsts.append(shaped.index)

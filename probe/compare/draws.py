@@ -62,6 +62,12 @@ def arg(rows, keyword, position):
     return None
 
 
+def may_draw(api) -> bool:
+    """Whether a call of ``api`` can draw random numbers at all: what ``draw_kind`` needs
+    its rows for, asked first (most calls of a dump are not random)."""
+    return api.leaf in _DRAW_ARGS or api.random
+
+
 def draw_kind(api, rows) -> str | None:
     """"dropout", "uniform", "normal" or "draw" when the call draws random numbers, None
     when it does not (a dropout in eval mode, attention with dropout_p == 0). ``rows``:
