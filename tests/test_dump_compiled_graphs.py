@@ -57,14 +57,21 @@ def train(kind, root=None, compiled=True, task="statistics", fault=None):
     model, batches, loss_fn = MODELS[kind]()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     run = torch.compile(model) if compiled else model
+    return _train_steps(model, opt, batches, lambda x, y: loss_fn(run, x, y), root, task, fault)
+
+
+def _train_steps(model, opt, batches, loss, root, task="statistics", fault=None):
+    """An optimizer step on ``loss(*batch)`` for each batch, dumped at L1 under ``root``
+    when given; the parameters after them."""
+    import torch._dynamo as dynamo
     dbg = PrecisionDebugger(dump_path=str(root), task=task, level="L1") if root else None
     try:
         with fault if fault is not None else contextlib.nullcontext():
-            for x, y in batches:
+            for batch in batches:
                 if dbg:
                     dbg.start()
                 opt.zero_grad()
-                loss_fn(run, x, y).backward()
+                loss(*batch).backward()
                 opt.step()
                 if dbg:
                     dbg.stop()
@@ -313,23 +320,8 @@ def _jittery_train(root):
         h = model(x)
         return h.square().mean(), jitter(h.detach())     # the loss; a value no run reproduces
     run = torch.compile(step)
-    dbg = PrecisionDebugger(dump_path=str(root), task="statistics", level="L1") if root else None
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
-    try:
-        for _ in range(STEPS):
-            if dbg:
-                dbg.start()
-            opt.zero_grad()
-            run(x)[0].backward()
-            opt.step()
-            if dbg:
-                dbg.stop()
-                dbg.step()
-    finally:
-        if dbg:
-            dbg.close()
-        dynamo.reset()
-    return [p.detach().clone() for p in model.parameters()]
+    return _train_steps(model, opt, [(x,)] * STEPS, lambda x: run(x)[0], root)
 
 
 def test_a_value_the_plain_graph_does_not_reproduce_is_left_out_of_the_check(tmp_path):
