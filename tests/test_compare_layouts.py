@@ -94,7 +94,7 @@ def _rows(out, step):
 def test_tensor_parallel_against_one_device_names_nothing(run, tmp_path, mode):
     r = _compare(run(f"tp_{mode}"), run(f"single_{mode}"), tmp_path / "o")
     s = r.summary
-    assert s["first_divergence"] is None, s["first_divergence"]
+    assert s["first_divergence"] is None, json.dumps(s["first_divergence"], default=str)[:3000]
     assert s["steps"] == [0, 1] and all(c["verdict"] == "clean" for c in s["grid"]) and not s["unpaired"]
     assert "merged by their layouts" in s["notes"][0]
     for step in (0, 1):

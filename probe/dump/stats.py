@@ -168,7 +168,14 @@ def numpy_of(t):
     ``Tensor.numpy()`` marks the tensor's storage non-resizable for good, and FSDP2 frees
     each unsharded parameter after its forward by resizing its storage to 0 (a tensor dump
     failed it: "Trying to resize storage that is not resizable"). DLPack shares the memory
-    without that mark; a tensor it cannot export is copied first."""
+    without that mark; a tensor it cannot export is copied first.
+
+    A functional collective's result (``AsyncCollectiveTensor``, a DTensor's local shard
+    after a redistribution) is waited for first: DLPack reads its buffer as it is, before
+    the collective has written it (a TP run's tensor dump held the memory's previous
+    contents, now and then); its own ``numpy()`` waits, DLPack does not."""
+    if getattr(type(t), "trigger_wait", None) is not None:
+        t = t.trigger_wait()
     t = t.detach()
     if not (t.is_neg() or t.is_conj()):      # DLPack would share the memory without the bit
         try:
