@@ -8,15 +8,13 @@ shards); DDP's parameters are plain copies, checked to agree. A clean run names 
 wrong kernel on rank 1 at step 1 is named with its step and rank."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
+from gloo_ranks import rank_env, run_ranks
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 TIMEOUT = 240
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux"),
@@ -46,28 +44,14 @@ LAYOUT = """\
 """
 
 
-def _env():
-    return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-
-
 def _launch(out, wrapper, opts):
-    os.makedirs(out, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
     world = 1 if wrapper == "single" else 2
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "dp_train.py"), out, port, str(r), str(world),
-                               wrapper, *opts], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for r in range(world)]
-    try:
-        said = "".join(p.communicate(timeout=TIMEOUT)[0] for p in procs)
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"dp_train.py {wrapper} {' '.join(opts)} did not finish in {TIMEOUT} s")
-    if any(p.returncode for p in procs) and "support" in said and wrapper != "single":
+    codes, outs = run_ranks("dp_train.py", out, world, [wrapper, *opts], TIMEOUT,
+                            f"dp_train.py {wrapper} {' '.join(opts)}")
+    said = "".join(outs)
+    if any(codes) and "support" in said and wrapper != "single":
         return RuntimeError(f"{wrapper} on gloo, torch {torch.__version__}: this gloo lacks a collective it uses")
-    assert all(p.returncode == 0 for p in procs), said[-4000:]
+    assert not any(codes), said[-4000:]
     return os.path.join(out, "dump")
 
 
@@ -154,7 +138,7 @@ def test_fsdp2_fault_on_one_rank_is_named_with_its_step_and_rank(run, layout, tm
     out = tmp_path / "o"
     proc = subprocess.run([sys.executable, "-m", "probe", "compare", "--npu", run(f"fsdp2_{mode}_fault"), "--bench",
                            run(f"single_{mode}"), "-o", str(out), "--layout", layout, "--processes", "1"],
-                          env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+                          env=rank_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "first divergence: Functional.linear.0.forward (forward) at step 1, rank 1: introduces error" in proc.stderr
     with open(out / "compare_summary.json") as fh:

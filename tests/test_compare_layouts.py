@@ -7,14 +7,12 @@ tensor's statistics are "can't tell"."""
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from gloo_ranks import rank_env, run_ranks
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux")
 
 RUNS = {   # name -> (ranks, tp_train.py options); 2 steps each, a fault at step 1 on rank 1
@@ -30,10 +28,6 @@ RUNS = {   # name -> (ranks, tp_train.py options); 2 steps each, a fault at step
 }
 NEEDS_DTENSOR = {"tp_stats", "tp_tensor", "tp_tensor_fault", "tp_stats_fault", "tp_stats_small_fault", "tp4_stats"}
 TIMEOUT = 240
-
-
-def _env():
-    return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
 
 
 @pytest.fixture(scope="module")
@@ -54,22 +48,12 @@ def run(tmp_path_factory):
 
 
 def _launch(out, world, opts):
-    os.makedirs(out, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "tp_train.py"), out, port, str(r), str(world),
-                               "all", "--steps", "2", *opts], env=_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    try:
-        said = "".join(p.communicate(timeout=TIMEOUT)[0] for p in procs)
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"tp_train.py {' '.join(opts)} on {world} rank(s) did not finish in {TIMEOUT} s")
-    if any(p.returncode for p in procs) and ("ModuleNotFoundError" in said or "ImportError" in said):
+    codes, outs = run_ranks("tp_train.py", out, world, ["all", "--steps", "2", *opts], TIMEOUT,
+                            f"tp_train.py {' '.join(opts)} on {world} rank(s)")
+    said = "".join(outs)
+    if any(codes) and ("ModuleNotFoundError" in said or "ImportError" in said):
         return RuntimeError("this torch lacks init_device_mesh / parallelize_module for the CPU")
-    assert all(p.returncode == 0 for p in procs), said[-4000:]
+    assert not any(codes), said[-4000:]
     return os.path.join(out, "dump")
 
 
@@ -141,7 +125,7 @@ def test_kernel_fault_on_one_rank_is_named_with_its_step_and_rank(run, tmp_path)
     rank 1, found by comparing each rank's shard with its slice of the bench's tensor."""
     out = tmp_path / "o"
     proc = subprocess.run([sys.executable, "-m", "probe", "compare", "--npu", run("tp_tensor_fault"), "--bench",
-                           run("single_tensor"), "-o", str(out), "--processes", "2"], env=_env(),
+                           run("single_tensor"), "-o", str(out), "--processes", "2"], env=rank_env(),
                           capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "first divergence: Functional.linear.0.forward (forward) at step 1, rank 1: introduces error" in proc.stderr

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from gloo_ranks import free_port, rank_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -18,26 +19,14 @@ ROOT = os.path.dirname(HERE)
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux")
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env():
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1")
-    return env
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """ROOT/{bench,bench2,kernel,collective}/step{0,1,2}/rank{0,1}/dump.json."""
     root = str(tmp_path_factory.mktemp("runs"))
-    port = str(_free_port())
+    port = str(free_port())
     script = os.path.join(HERE, "dist_train.py")
     procs = [subprocess.Popen([sys.executable, script, root, port, str(r), "2"], cwd=ROOT,
-                              env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in (0, 1)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
@@ -166,7 +155,7 @@ def test_a_plain_script_without_main_guard_runs_the_pool_once(runs, tmp_path):
         f"paths = compare_distributed({os.path.join(runs, 'kernel')!r}, {os.path.join(runs, 'bench')!r}, "
         f"{str(out)!r}, processes=2)\n"
         "print('PATHS', len(paths))\n")
-    proc = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=_env(),
+    proc = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=rank_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("USER SCRIPT RUNS") == 1

@@ -2,9 +2,9 @@
 wrote as its outputs on both ranks, the async form once its work completes."""
 import json
 import os
-import socket
 
 import pytest
+from gloo_ranks import free_port
 
 torch = pytest.importorskip("torch")
 dist = torch.distributed
@@ -124,12 +124,6 @@ def _rank(rank, world, port, dump_path):
     dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 def test_two_gloo_ranks_record_collective_outputs(tmp_path):
-    mp.spawn(_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)

@@ -7,15 +7,12 @@ is bitwise the same as without the debugger."""
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
 
 import pytest
 import torch
+from gloo_ranks import free_port, run_ranks
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 WORLD = 2
 STEPS = 3
 STATS = ("Max", "Min", "Mean", "Norm")
@@ -30,21 +27,9 @@ pytestmark = [
 def _train(out, wrapper, timeout=300):
     """Both ranks of tests/data_parallel_train.py; a rank that hangs fails the test after
     ``timeout`` seconds."""
-    os.makedirs(out, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "data_parallel_train.py"), str(out), port,
-                               str(r), str(WORLD), wrapper], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(WORLD)]
-    try:
-        said = [p.communicate(timeout=timeout)[0] for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"{wrapper} training on {WORLD} gloo ranks did not finish in {timeout} s")
-    assert all(p.returncode == 0 for p in procs), "\n".join(said)
+    codes, said = run_ranks("data_parallel_train.py", out, WORLD, [wrapper], timeout,
+                            f"{wrapper} training on {WORLD} gloo ranks")
+    assert not any(codes), "\n".join(said)
     results = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=True) for r in range(WORLD)]
     if "skip" in results[0]:
         pytest.skip(results[0]["skip"])
@@ -187,11 +172,8 @@ def test_fsdp2_optimizer_sees_sharded_parameters_as_local_shards(fsdp2_run):
 @pytest.fixture
 def one_rank_group(monkeypatch):
     dist = torch.distributed
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     yield
     dist.destroy_process_group()

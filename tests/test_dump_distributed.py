@@ -1,22 +1,19 @@
 """Under torch.distributed: rank folders, the rank filter, and Distributed.* entries (gloo, one rank)."""
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 from conftest import load_dump
+from gloo_ranks import free_port
 
 
 @pytest.fixture
 def one_rank_group(monkeypatch):
     if not dist.is_available():
         pytest.skip("torch.distributed not available")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     yield
     dist.destroy_process_group()

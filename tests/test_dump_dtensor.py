@@ -3,38 +3,23 @@ shard with no collective, so a rank filter never hangs the ranks it leaves out; 
 record the shard's layout; training stays bitwise identical."""
 import json
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
 import torch
+from gloo_ranks import run_ranks
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux")
 
 
 def _tp_run(out, dump_ranks, world=2, timeout=120):
     """Both ranks of tests/tp_train.py; a rank that hangs fails the test after ``timeout``."""
-    os.makedirs(out, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "tp_train.py"), str(out), port, str(r),
-                               str(world), dump_ranks], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    try:
-        outs = [p.communicate(timeout=timeout)[0] for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"tensor-parallel run with dump ranks {dump_ranks} did not finish in {timeout} s")
+    codes, outs = run_ranks("tp_train.py", out, world, [dump_ranks], timeout,
+                            f"tensor-parallel run with dump ranks {dump_ranks}")
     said = "".join(outs)
-    if any(p.returncode for p in procs) and ("ModuleNotFoundError" in said or "ImportError" in said):
+    if any(codes) and ("ModuleNotFoundError" in said or "ImportError" in said):
         pytest.skip("this torch lacks init_device_mesh / parallelize_module for the CPU")
-    assert all(p.returncode == 0 for p in procs), outs
+    assert not any(codes), outs
     return [torch.load(os.path.join(out, f"losses_rank{r}.pt"), weights_only=True) for r in range(world)]
 
 

@@ -8,24 +8,18 @@ import copy
 import csv
 import json
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import free_port
 from models import make_gpt
 
 from probe import Monitor
 
 STEPS = 3
 WORLD = 2
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _batches(rank, step):
@@ -83,7 +77,7 @@ def _rows(path):
 def test_two_gloo_ranks_write_per_rank_files_and_pre_post_reduction_norms(tmp_path):
     # spawn, not fork: a fork of the test process inherits the locks of whatever threads
     # earlier tests left (dynamo's, writers') and a child can hang on one (seen in CI)
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     refs = []
     for rank in range(WORLD):
         with open(tmp_path / f"reference_rank{rank}.json") as f:
