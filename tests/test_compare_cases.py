@@ -315,3 +315,51 @@ def test_whole_file_and_streamed_reads_agree(tmp_path, monkeypatch):
     open(a, "w").write(text)
     got, meta = read(a)
     assert meta[2] == 5 and math.isnan(got[0][1]["output"][0]["Max"])
+
+
+def _odd_entries() -> dict:
+    """Entries the struct decoding does not fit, beside ones it does: each read as dicts."""
+    t = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2, 3], "Max": 1.0,
+         "Min": -1, "Mean": True, "Norm": None, "requires_grad": False, "md5": "00ab"}
+    return {
+        "Functional.op.0.forward": {"input_args": [t, [t, None, {"type": "int", "value": 3}]],
+                                    "input_kwargs": {"dim": {"type": "int", "value": -1},
+                                                     "out": None},
+                                    "output": [t]},
+        "Functional.op.1.forward": {"input_args": [{"nested": {"a": t, "b": [t]}}],   # a dict argument
+                                    "input_kwargs": {"cfg": {"x": {"type": "float", "value": 0.5}}},
+                                    "output": t},
+        "Module.fc.Linear.forward.0": {"input_args": [t], "parameters": {"weight": t, "bias": None},
+                                       "output": [t], "unknown_key": [1, 2]},
+        "Functional.op.2.forward": {"input_args": [{"type": "torch.Size", "value": [2, 3]},
+                                                   {"type": "slice", "value": [0, None, 1]},
+                                                   {"type": "torch.dtype", "value": "torch.float16"}]},
+        "Module.fc.Linear.parameters_grad": {"weight": [t], "bias": [t]},
+        "Functional.op.3.forward": None,
+        "Functional.op.4.forward": {"input_args": "not a list", "output": [t]},
+    }
+
+
+def test_struct_and_dict_reads_flatten_alike(tmp_path):
+    """The compare decodes entries into msgspec structs, falling back to dicts where an entry
+    does not fit them; every other reader gets dicts. Both must give the same rows, on the
+    msprobe fixtures and on odd entries (nested dict arguments, parameter gradients,
+    non-float statistics, unknown keys)."""
+    from probe.compare.rows import flatten
+    fixtures = os.path.join(os.path.dirname(__file__), "fixtures")
+    paths = sorted(os.path.join(d, "dump.json") for d, _, files in os.walk(fixtures) if "dump.json" in files)
+    odd = tmp_path / "dump.json"
+    odd.write_text(json.dumps({"task": "statistics", "level": "mix", "data": _odd_entries()}))
+    paths.append(str(odd))          # last: its rows are checked below
+    assert len(paths) >= 10
+    for path in paths:
+        metas = DumpMeta(path), DumpMeta(path)
+        typed = [r for n, e in read_dump(path, metas[0], typed=True) for r in flatten(n, e)]
+        plain = [r for n, e in read_dump(path, metas[1]) for r in flatten(n, e)]
+        assert typed == plain and typed, path
+        assert (metas[0].task, metas[0].level, metas[0].entries) == \
+               (metas[1].task, metas[1].level, metas[1].entries)
+    kinds = {(r.name, r.kind) for r in typed}
+    assert ("Functional.op.1.forward.input.0.nested.b.0", "tensor") in kinds        # the dict argument
+    assert ("Module.fc.Linear.parameters_grad.weight", "tensor") in kinds
+    assert ("Functional.op.0.forward.input.dim", "value") in kinds

@@ -70,7 +70,7 @@ def read_side(path: str) -> Side:
 def _read_side(path: str) -> Side:
     meta = DumpMeta(path)
     rows: list[Row] = []
-    for name, entry in read_dump(path, meta):
+    for name, entry in read_dump(path, meta, typed=True):
         rows.extend(flatten(name, entry))
     tensors = [r for r in rows if r.kind == "tensor"]
     if tensors and any(r.data_name for r in tensors):

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import msgspec
+
+from .reader import Entry, Leaf
 from probe.python_compat import SLOTS
-from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS_GRAD, STAT_KEYS, parse_entry_name
+from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS, PARAMETERS_GRAD, STAT_KEYS, parse_entry_name
 from probe.vocabulary import direction  # noqa: F401  (engine reads it from here)
 
 _ORDER = {io: k for k, io in enumerate(IO_PARTS)}
@@ -51,22 +55,24 @@ _shapes: dict = {}          # one tuple per distinct shape, shared by all rows t
 _dtypes: dict = {}          # one string per distinct dtype (smaller to pickle and to hold)
 
 
-def _leaf(name, entry, io, data) -> Row:
-    kind_type = data.get("type")
-    get = data.get
-    if kind_type in _TENSOR_TYPES or "dtype" in data and "shape" in data:
-        stats = tuple([v if type(v) is float else _num(v) for v in map(get, STAT_KEYS)])
-        dtype = get("dtype")
+def _leaf(name, entry, io, leaf: Leaf) -> Row:
+    kind_type = leaf.type
+    if kind_type in _TENSOR_TYPES or leaf.dtype is not None and leaf.shape is not None:
+        stats: tuple = (leaf.Max, leaf.Min, leaf.Mean, leaf.Norm)      # vocabulary.STAT_KEYS
+        if type(stats[0]) is not float or type(stats[1]) is not float or \
+                type(stats[2]) is not float or type(stats[3]) is not float:
+            stats = tuple(map(_num, stats))
+        dtype = leaf.dtype
         dtype = _dtypes.setdefault(dtype, dtype) if type(dtype) is str else str(dtype)
-        shape = tuple(get("shape") or ())
+        shape = tuple(leaf.shape or ())
         try:
             shape = _shapes.setdefault(shape, shape)
         except TypeError:       # a malformed (nested) shape: not shared
             pass
         return Row(name, entry, io, "tensor", dtype, shape,
-                   stats, get("requires_grad"), get("md5"), get("data_name") or None)
-    value = get("value")
-    if kind_type in _PLAIN_TYPES or kind_type is None:
+                   stats, leaf.requires_grad, leaf.md5, leaf.data_name or None)
+    value = leaf.value
+    if kind_type in _PLAIN_TYPES:
         dtype = f"<class '{type(value).__name__}'>"
     else:
         dtype = str(kind_type)
@@ -77,35 +83,46 @@ def _leaf(name, entry, io, data) -> Row:
 def _walk(name, entry, io, data, out, index_lists=True):
     if data is None:
         out.append(Row(name, entry, io, "none"))
+    elif type(data) is Leaf:
+        out.append(_leaf(name, entry, io, data))
     elif isinstance(data, list):
         for i, item in enumerate(data):
             item_name = f"{name}.{i}" if index_lists else name
-            if type(item) is dict and type(item.get("type")) is str:    # the common leaf
+            if type(item) is Leaf:          # the common leaf
                 out.append(_leaf(item_name, entry, io, item))
             else:
                 _walk(item_name, entry, io, item, out, index_lists)
     elif isinstance(data, dict):
         if isinstance(data.get("type"), str):
-            out.append(_leaf(name, entry, io, data))
+            out.append(_leaf(name, entry, io, msgspec.convert(data, Leaf)))
         else:
             for key, item in data.items():
                 _walk(f"{name}.{key}", entry, io, item, out, index_lists)
 
 
-def flatten(entry_name: str, entry) -> list[Row]:
-    """All rows of one dump.json entry, in msprobe's row order."""
+def _parts(entry: Entry | dict) -> list:
+    """(io, part) of each ENTRY_KEYS part the entry holds, in that order."""
+    if isinstance(entry, Entry):
+        parts = [(io, getattr(entry, key)) for key, io in ENTRY_KEYS]
+        return [(io, part) for io, part in parts if part is not None]
+    return [(io, entry[key]) for key, io in ENTRY_KEYS if key in entry]
+
+
+def flatten(entry_name: str, entry: Entry | dict) -> list[Row]:
+    """All rows of one dump.json entry (a struct or, where it did not fit one, a dict), in
+    msprobe's row order."""
     out: list[Row] = []
-    if not isinstance(entry, dict):
-        return out
-    if PARAMETERS_GRAD in entry_name:
+    if type(entry) is dict and PARAMETERS_GRAD in entry_name:
         parsed = parse_entry_name(entry_name)
         if parsed is not None and parsed.direction == PARAMETERS_GRAD and not parsed.io:
             for key, item in entry.items():
                 _walk(f"{entry_name}.{key}", entry_name, PARAMETERS_GRAD, item, out, index_lists=False)
             return out
-    for key, io in ENTRY_KEYS:
-        if key in entry:
-            _walk(f"{entry_name}.{io}", entry_name, io, entry[key], out)
-    if "parameters" in entry and any(r.io == "parameters" for r in out):
+    if type(entry) is not Entry and not isinstance(entry, dict):
+        return out
+    parts = _parts(entry)
+    for io, part in parts:
+        _walk(f"{entry_name}.{io}", entry_name, io, part, out)
+    if any(io == PARAMETERS for io, _ in parts) and any(r.io == PARAMETERS for r in out):
         out.sort(key=lambda r: _ORDER[r.io])   # stable: keeps order within each group
     return out
