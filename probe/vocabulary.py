@@ -26,6 +26,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+import msgspec
+
 # ---------------------------------------------------------------- entry names
 
 # The registry's sections (support_wrap_ops.yaml) and the entry-name prefix each gives.
@@ -62,11 +64,12 @@ def in_place(leaf: str) -> bool:
     return leaf in INPLACE_DUNDERS or (leaf.endswith("_") and not leaf.endswith("__"))
 
 
-@dataclass(frozen=True)
-class EntryName:
+class EntryName(msgspec.Struct, frozen=True, gc=False):
     """One parsed entry (or row) name. ``Functional.linear.3.forward.input.0`` is
     prefix ``Functional``, api ``linear``, index 3, direction ``forward``, io ``input``,
-    arg_path ``0``; a module's api is its path and class (``blocks.0.fc1.Linear``)."""
+    arg_path ``0``; a module's api is its path and class (``blocks.0.fc1.Linear``).
+    Untracked by the cyclic collector (strings and an int): the diagnosis keeps one per
+    call, 100k on bench/compare.py's big pair."""
     prefix: str                 # Functional / Tensor / Torch / ... / Module / Custom
     api: str                    # "linear", "linalg.norm"; a module: "blocks.0.fc1.Linear"
     index: Optional[int]        # the call counter; None where the name has none

@@ -13,19 +13,21 @@ rows are placed right after the NPU row that precedes them in bench order.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import repeat
+from typing import Optional
+
+import msgspec
 
 from .align import align_calls, build_calls, rows_from_ops
 from .rows import Row
-from probe.python_compat import SLOTS
 from probe.vocabulary import entry_key
 
 
-@dataclass(**SLOTS)
-class Pair:
-    npu: Row | None
-    bench: Row | None
+class Pair(msgspec.Struct, gc=False):
+    """An NPU row and the bench row it is compared with (untracked by the cyclic collector,
+    as ``Row``: a big compare makes hundreds of thousands)."""
+    npu: Optional[Row]
+    bench: Optional[Row]
     align: str = ""          # how the pair was made: exact / fuzzy / anchor / aligned / group .. / unmatched
 
 

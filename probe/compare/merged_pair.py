@@ -20,10 +20,11 @@ A merged pair adds three things to its compare, and the engine knows none of the
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
+
+import msgspec
 
 from .dump_tree import find_dumps, label, order, rank_number
 from .layout_file import LayoutRules
@@ -182,7 +183,7 @@ class MergedPair:
                 # number of elements for the diagnosis (the table keeps the shape it holds)
                 side_row = "npu" if self.npu is not None and p.npu.name in self.npu.cant_tell else "bench"
                 other = p.bench if side_row == "npu" else p.npu
-                setattr(p, side_row, dataclasses.replace(getattr(p, side_row), shape=other.shape))
+                setattr(p, side_row, msgspec.structs.replace(getattr(p, side_row), shape=other.shape))
                 continue
             differ = self._disagree(p)
             if differ:

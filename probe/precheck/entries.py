@@ -7,9 +7,6 @@ sections the dump used (``Functional`` -> torch.nn.functional, ``Tensor`` -> tor
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-
 from probe.vocabulary import PREFIX_SECTION, EntryName, api_name, in_place
 
 # Outputs drawn from a random generator: judged by their distribution, not element-wise.
@@ -54,8 +51,7 @@ ULP_APIS = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "
                       "__truediv__", "__rtruediv__", "atan2", "silu", "gelu", "softplus", "mish"})
 
 
-@dataclass(frozen=True)
-class ApiEntry(EntryName):
+class ApiEntry(EntryName, frozen=True, gc=False):
     """An API call's entry name (the vocabulary's ``EntryName``) and what replaying it
     needs to know of its kind: in place, a conversion, random, exact, ULP-judged."""
 
@@ -93,7 +89,7 @@ def parse_name(name: str) -> ApiEntry | None:
     return ApiEntry(*[getattr(n, f) for f in _FIELDS])
 
 
-_FIELDS = [f.name for f in dataclasses.fields(EntryName)]
+_FIELDS = EntryName.__struct_fields__
 _cache: dict = {}
 
 
