@@ -20,10 +20,10 @@ from .construct import load_modules
 from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
 from .reader import DumpMeta, gc_paused, read_dump
-from .rows import Row, direction, flatten
+from .rows import STAT_FIELDS, Row, direction, flatten
 from .tensors import load, resolve
 from probe.tolerances import tolerance_for
-from probe.vocabulary import PERCENT_COLUMNS, STATISTICS, TENSOR_METRICS, columns_for  # noqa: F401  (report reads PERCENT_COLUMNS here)
+from probe.vocabulary import PASS, PERCENT_COLUMNS, STATISTICS, TENSOR_METRICS, columns_for  # noqa: F401  (report reads PERCENT_COLUMNS here)
 
 
 @dataclass
@@ -232,14 +232,17 @@ class Table:
     stat_idx: list                   # rows both sides hold a summary of
     npu_st: np.ndarray
     bench_st: np.ndarray
-    verdicts: dict = field(default_factory=dict)   # only rows with something to say
-    single: dict = field(default_factory=dict)     # rows with one finding so far: (level, text)
+    verdicts: dict = field(default_factory=dict)   # rows with several findings
+    # rows with one finding so far: its level and its Err_message text (most rows with
+    # anything to say have one: two lists, not a Verdict or a dict entry each)
+    levels: list = field(default_factory=list)
+    messages: list = field(default_factory=list)
 
     @classmethod
     def of(cls, pairs: list, mode: str, stack_mode: bool) -> Table:
         """The descriptive columns of the paired rows (names, dtypes, shapes, statistics)."""
         n = len(pairs)
-        cols: dict[str, list] = {c: [None] * n for c in columns_for(mode, stack_mode)}
+        cols: dict = dict.fromkeys(columns_for(mode, stack_mode))   # in order; filled below
         A = [p.npu for p in pairs]
         B = [p.bench for p in pairs]
         shape_text = _Memo(lambda s: str(list(s)))
@@ -257,16 +260,21 @@ class Table:
                                  for ab in zip(A, B)]
         stat_idx = [i for i, (a, b) in enumerate(zip(A, B)) if a is not None and b is not None
                     and a.kind != "none" and b.kind != "none"]
-        width = len(STATISTICS)
-        npu_st = np.array([A[i].stats for i in stat_idx], dtype=np.float64).reshape(-1, width)
-        bench_st = np.array([B[i].stats for i in stat_idx], dtype=np.float64).reshape(-1, width)
-        if mode != "md5":            # md5 mode shows its hashes instead
-            none = (None,) * width
-            for side, rows in (("NPU", A), ("Bench", B)):
-                stats = [r.stats if r is not None and r.kind != "none" else none for r in rows]
-                for s, values in zip(STATISTICS, zip(*stats)):
-                    cols[f"{side} {s.column}"] = list(values)
-        table = cls(mode, A, B, cols, _running_tolerance(A, B), stat_idx, npu_st, bench_st)
+        sel = np.array(stat_idx, dtype=np.int64)
+        summaries = {}               # side -> rows x STATISTICS, NaN where a row has none
+        for side, rows in (("NPU", A), ("Bench", B)):
+            values = [[getattr(r, f) if r is not None and r.kind != "none" else None for r in rows]
+                      for f in STAT_FIELDS]
+            summaries[side] = np.array(values, dtype=np.float64)
+            if mode != "md5":        # md5 mode shows its hashes instead
+                for s, column in zip(STATISTICS, summaries[side]):
+                    cols[f"{side} {s.column}"] = column
+        npu_st, bench_st = summaries["NPU"].T[sel], summaries["Bench"].T[sel]
+        for c, col in cols.items():
+            if col is None:        # filled by the judges (or empty in this mode)
+                cols[c] = [None] * n
+        table = cls(mode, A, B, cols, _running_tolerance(A, B), stat_idx, npu_st, bench_st,
+                    levels=[None] * n, messages=[None] * n)
         table._requires_grad()
         return table
 
@@ -283,26 +291,26 @@ class Table:
         v = self.verdicts.get(i)
         if v is None:
             v = self.verdicts[i] = vd.Verdict()
-            if i in self.single:
-                v.add(*self.single.pop(i))
+            if self.levels[i] is not None:          # its one finding so far, as Verdict.add has it
+                v.level, v.messages = self.levels[i], [self.messages[i]]
+                self.levels[i] = self.messages[i] = None
         return v
 
     def find(self, i: int, level: str, text: str):
         """A finding on row ``i``; the usual one-finding row needs no Verdict object."""
-        if i in self.verdicts or i in self.single:
+        if i in self.verdicts or self.levels[i] is not None:
             self.verdict(i).add(level, text)
         else:
-            self.single[i] = (level, text)
+            self.levels[i], self.messages[i] = level, (f"{level}: {text}" if level != PASS else text)
 
     def close(self):
         """The one-sided rows' findings, then the Result and Err_message columns."""
         _one_sided(self)
-        n = len(self.A)
-        result, message = ["pass"] * n, [""] * n
+        result = [level or PASS for level in self.levels]
+        message = [text or "" for text in self.messages]
+        self.levels = self.messages = []
         for i, v in self.verdicts.items():
             result[i], message[i] = v.level, v.text()
-        for i, (level, text) in self.single.items():
-            result[i], message[i] = level, f"{level}: {text}"        # as Verdict.add writes it
         self.cols["Result"], self.cols["Err_message"] = result, message
 
 
@@ -369,8 +377,8 @@ def judge_statistics(t: Table, screened: Screened, files: _TensorFiles):
     diff, rel = stat_diffs(t.npu_st, t.bench_st)
     n = len(t.A)
     for k, s in enumerate(STATISTICS):
-        t.cols[s.diff] = _scatter(n, t.stat_idx, diff[:, k].tolist())
-        t.cols[s.relative] = _scatter(n, t.stat_idx, rel[:, k].tolist())
+        t.cols[s.diff] = _scatter(n, t.stat_idx, diff[:, k])
+        t.cols[s.relative] = _scatter(n, t.stat_idx, rel[:, k])
     _judge_by_statistics(t, [j for j, _, _ in screened.rows])
 
 
@@ -531,13 +539,11 @@ def _numels(shapes: list) -> list:
     return out
 
 
-def _scatter(n: int, idx: list, values: list) -> list:
-    """A column of ``n`` cells holding ``values`` at rows ``idx``, None elsewhere."""
-    if len(idx) == n:
-        return values
-    col = [None] * n
-    for i, v in zip(idx, values):
-        col[i] = v
+def _scatter(n: int, idx: list, values: np.ndarray) -> np.ndarray:
+    """A float column of ``n`` cells holding ``values`` at rows ``idx``, NaN (an empty
+    cell) elsewhere."""
+    col = np.full(n, np.nan)
+    col[np.asarray(idx, dtype=np.int64)] = values
     return col
 
 

@@ -17,6 +17,7 @@ from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS, PARAMETERS_GRAD, 
 from probe.vocabulary import direction  # noqa: F401  (engine reads it from here)
 
 _ORDER = {io: k for k, io in enumerate(IO_PARTS)}
+STAT_FIELDS = ("max", "min", "mean", "norm")      # Row's fields of vocabulary.STAT_KEYS, in order
 _NAN = float("nan")
 
 

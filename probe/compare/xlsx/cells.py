@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from itertools import chain
 
+import numpy as np
 import orjson
 
 _ILLEGAL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
@@ -102,6 +103,8 @@ def encode_column(col: list, sst: SharedStrings | None = None) -> tuple[list, li
     ``cell_body`` and ``csv_field`` give for each value, which odd (mixed) columns still use;
     with ``sst``, texts that repeat in the column are shared strings instead.
     """
+    if isinstance(col, np.ndarray):
+        return _array_column(col)
     kinds = set(map(type, col))
     has_none = _NONE_TYPE in kinds
     kinds.discard(_NONE_TYPE)
@@ -135,9 +138,21 @@ def encode_column(col: list, sst: SharedStrings | None = None) -> tuple[list, li
     return list(map(cell_body, col)), list(map(csv_field, col))
 
 
+def _array_column(col: np.ndarray) -> tuple[list, list]:
+    """A float column held as a numpy array: NaN is an empty cell (and field), an infinity
+    the text "inf" / "-inf" as ``cell_body`` writes it."""
+    texts = float_texts(col)
+    bodies = list(map(_NUM.__mod__, texts))
+    if _NULL in texts:                               # NaN or an infinity
+        for k in np.flatnonzero(~np.isfinite(col)).tolist():
+            v = float(col[k])
+            bodies[k], texts[k] = (_EMPTY, "") if v != v else (cell_body(v), csv_field(v))
+    return bodies, texts
+
+
 def _constant(col: list) -> bool:
     """Whether a chunk of a column holds one text (or one bool) only."""
-    t = type(col[0]) if col else None
+    t = type(col[0]) if len(col) else None
     if t is str:
         return col.count(col[0]) == len(col)
     if t is bool:
@@ -148,10 +163,15 @@ def _constant(col: list) -> bool:
 _NULL = "null"
 
 
-def float_texts(col: list) -> list:
+def float_texts(col) -> list:
     """The shortest texts that read back as each float (``1e-5``, ``0.1``), by orjson's
     ryu: ~15x faster than ``repr``, which was half the writing of the 100k-entry compare
-    (bench/compare.py). None, NaN and infinities come out as "null"."""
+    (bench/compare.py). None, NaN and infinities come out as "null". ``col``: a list, or
+    a 1-d float64 array (the same texts)."""
+    if isinstance(col, np.ndarray):
+        if not len(col):
+            return []
+        return orjson.dumps(col, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].decode().split(",")
     return orjson.dumps(col)[1:-1].decode().split(",")
 
 
@@ -170,6 +190,8 @@ def csv_numbers(values: list) -> list:
 def _finite_floats(col: list):
     """The texts of a column of finite floats only (the cells' ``<v>`` texts, the CSV's
     fields), or None for any other column."""
+    if isinstance(col, np.ndarray):
+        return None if not len(col) or not np.isfinite(col).all() else float_texts(col)
     if not col or type(col[0]) is not float or set(map(type, col)) != {float}:
         return None
     texts = float_texts(col)
@@ -179,7 +201,7 @@ def _finite_floats(col: list):
 def repeats(col: list) -> bool:
     """Whether a column's texts repeat enough to be shared strings (decided for the whole
     column, so that the XML does not depend on how the rows are chunked)."""
-    if len(set(col[:4096])) > 3072 or str not in set(map(type, col)):   # unique names: no
+    if isinstance(col, np.ndarray) or len(set(col[:4096])) > 3072 or str not in set(map(type, col)):   # numbers, unique names: no
         return False
     try:
         uniq = set(col)
