@@ -43,6 +43,7 @@ from . import draws
 from . import verdict as vd
 from .draws import DrawCheck
 from .local_error import LocalError, Replays
+from .rows import stats_of
 from probe.python_compat import SLOTS
 from probe.tolerances import tolerance_for
 
@@ -296,8 +297,7 @@ def stat_errors(npu, bench, numel, floor):
 
 def _stats_arrays(rows_a, rows_b):
     import numpy as np
-    a = np.array([r.stats for r in rows_a], dtype=np.float64).reshape(-1, 4)
-    b = np.array([r.stats for r in rows_b], dtype=np.float64).reshape(-1, 4)
+    a, b = stats_of(rows_a), stats_of(rows_b)
     numel = np.array([r.numel for r in rows_b], dtype=np.float64)
     return a, b, numel
 
@@ -723,20 +723,20 @@ def _state(result, calls, errors) -> State:
             if a is None or a.kind != "tensor":
                 continue
             if a.io in ("input", "parameters"):
-                if (a.dtype, a.shape, a.stats) in produced or pairs[i].bench is None or errors[i] is None:
+                if (a.dtype, a.shape, a.stats_key()) in produced or pairs[i].bench is None or errors[i] is None:
                     continue
                 if a.dtype in _CASTS:
                     if pending:
-                        _cast_keys(pending, cast)
+                        _cast_keys([(r.dtype, r.shape, *r.stats[:2]) for r in pending], cast)
                         pending = []
-                    if (a.dtype, a.shape, a.stats[0], a.stats[1]) in cast:
+                    if (a.dtype, a.shape, *a.stats[:2]) in cast:
                         continue
                 compared += 1
                 if errors[i] > 0:
                     differing.append(OutsideInput(a.name, a.shape, errors[i], u.module))
             elif a.io == "output":
-                produced.add((a.dtype, a.shape, a.stats))
-                pending.append((a.dtype, a.shape, a.stats[0], a.stats[1]))
+                produced.add((a.dtype, a.shape, a.stats_key()))
+                pending.append(a)
     differing.sort(key=lambda o: -o.error)
     return State(differing, compared)
 

@@ -11,6 +11,7 @@ import gc
 import math
 import os
 import sys
+from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +21,7 @@ from .construct import load_modules
 from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
 from .reader import DumpMeta, gc_paused, read_dump
-from .rows import STAT_FIELDS, Row, direction, flatten
+from .rows import Row, direction, flatten, stats_of
 from .tensors import load, resolve
 from probe.tolerances import tolerance_for
 from probe.vocabulary import PASS, PERCENT_COLUMNS, STATISTICS, TENSOR_METRICS, columns_for  # noqa: F401  (report reads PERCENT_COLUMNS here)
@@ -70,8 +71,9 @@ def read_side(path: str) -> Side:
 def _read_side(path: str) -> Side:
     meta = DumpMeta(path)
     rows: list[Row] = []
+    store = array("d")                 # the side's statistics, four per row (Row.stats)
     for name, entry in read_dump(path, meta, typed=True):
-        rows.extend(flatten(name, entry))
+        rows.extend(flatten(name, entry, store))
     tensors = [r for r in rows if r.kind == "tensor"]
     if tensors and any(r.data_name for r in tensors):
         mode = "tensor"
@@ -261,11 +263,9 @@ class Table:
         stat_idx = [i for i, (a, b) in enumerate(zip(A, B)) if a is not None and b is not None
                     and a.kind != "none" and b.kind != "none"]
         sel = np.array(stat_idx, dtype=np.int64)
-        summaries = {}               # side -> rows x STATISTICS, NaN where a row has none
+        summaries = {}               # side -> STATISTICS x rows, NaN where a row has none
         for side, rows in (("NPU", A), ("Bench", B)):
-            values = [[getattr(r, f) if r is not None and r.kind != "none" else None for r in rows]
-                      for f in STAT_FIELDS]
-            summaries[side] = np.array(values, dtype=np.float64)
+            summaries[side] = np.ascontiguousarray(stats_of(rows).T)
             if mode != "md5":        # md5 mode shows its hashes instead
                 for s, column in zip(STATISTICS, summaries[side]):
                     cols[f"{side} {s.column}"] = column

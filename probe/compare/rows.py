@@ -8,36 +8,38 @@ come inputs, parameters, outputs: msprobe's order, so its users read the same ta
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Any, Optional
 
 import msgspec
+import numpy as np
 
 from .reader import Entry, Leaf
-from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS, PARAMETERS_GRAD, STAT_KEYS, parse_entry_name
+from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS, PARAMETERS_GRAD, parse_entry_name
 from probe.vocabulary import direction  # noqa: F401  (engine reads it from here)
 
 _ORDER = {io: k for k, io in enumerate(IO_PARTS)}
-STAT_FIELDS = ("max", "min", "mean", "norm")      # Row's fields of vocabulary.STAT_KEYS, in order
 _NAN = float("nan")
+_NO_STATS = (_NAN,) * 4
 
 
-class Row(msgspec.Struct, gc=False):
+class Row(msgspec.Struct, gc=False, eq=False):
     """One comparable item of one side.
 
-    A struct the cyclic garbage collector does not track, its statistics fields rather
-    than a tuple (a tuple is tracked): a 100k-entry compare makes 600k rows, and tracking
-    them and their statistics cost a 0.5 s collection once the compare let the collector
-    run again.  Rows hold strings, numbers and shared shape tuples: no cycles."""
+    Its statistics live in its side's ``store`` (four float64 per row, at ``4 * k``): 32
+    bytes a row where four Python floats were 128, and read for many rows at once as an
+    array (``stats_of``).  A struct the cyclic garbage collector does not track: a
+    100k-entry compare makes 600k rows, and tracking them cost a 0.5 s collection once
+    the compare let the collector run again (rows hold strings, numbers, shared shape
+    tuples and the store: no cycles)."""
     name: str
     entry: str
     io: str                 # input / parameters / output / parameters_grad
     kind: str               # tensor / value / none
     dtype: Optional[str] = None
     shape: Optional[tuple] = None
-    max: float = _NAN       # the statistics, vocabulary.STAT_KEYS (``stats``)
-    min: float = _NAN
-    mean: float = _NAN
-    norm: float = _NAN
+    store: Optional[array] = None   # the side's statistics; None: the row has none
+    k: int = -1                     # this row's four in ``store``
     requires_grad: Optional[bool] = None
     md5: Optional[str] = None
     data_name: Optional[str] = None
@@ -45,12 +47,54 @@ class Row(msgspec.Struct, gc=False):
 
     @property
     def stats(self) -> tuple:
-        """Max, Min, Mean, Norm (vocabulary.STAT_KEYS)."""
-        return (self.max, self.min, self.mean, self.norm)
+        """Max, Min, Mean, Norm (vocabulary.STAT_KEYS); NaN where the row has none."""
+        s = self.store
+        if s is None:
+            return _NO_STATS
+        i = 4 * self.k
+        return (s[i], s[i + 1], s[i + 2], s[i + 3])
+
+    def stats_key(self) -> bytes:
+        """The statistics' 32 bytes: a compact exact key (a tensor that feeds a later call
+        carries the same statistics there)."""
+        if self.store is None:
+            return b""
+        i = 4 * self.k
+        return self.store[i:i + 4].tobytes()
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape) if self.shape is not None else 0
+
+    def __eq__(self, other) -> bool:
+        """The same item: its fields and statistics (NaN the same as NaN), wherever they are stored."""
+        if type(other) is not Row:
+            return NotImplemented
+        if (self.name, self.entry, self.io, self.kind, self.dtype, self.shape, self.requires_grad,
+                self.md5, self.data_name, self.value) != \
+                (other.name, other.entry, other.io, other.kind, other.dtype, other.shape,
+                 other.requires_grad, other.md5, other.data_name, other.value):
+            return False
+        return all(x == y or (x != x and y != y) for x, y in zip(self.stats, other.stats))
+
+    # mutable: not a dict key
+    __hash__ = None         # type: ignore[assignment]
+
+
+def stats_of(rows: list) -> np.ndarray:
+    """``len(rows)`` x 4 statistics (vocabulary.STAT_KEYS), NaN for a None row or a row
+    without statistics; the rows of one side are read from its store at once."""
+    out = np.full((len(rows), 4), np.nan)
+    store = next((r.store for r in rows if r is not None and r.store is not None), None)
+    if store is None:
+        return out
+    ks = np.array([(r.k if r.store is store else -2) if r is not None and r.store is not None else -1
+                   for r in rows], dtype=np.int64)
+    hit = ks >= 0
+    out[hit] = np.frombuffer(store, dtype=np.float64).reshape(-1, 4)[ks[hit]]
+    for i in np.flatnonzero(ks == -2).tolist():        # rows of another store
+        out[i] = rows[i].stats
+    return out
 
 
 def _num(x) -> float:
@@ -67,12 +111,16 @@ _shapes: dict = {}          # one tuple per distinct shape, shared by all rows t
 _dtypes: dict = {}          # one string per distinct dtype (smaller to pickle and to hold)
 
 
-def _leaf(name, entry, io, leaf: Leaf) -> Row:
+def _leaf(name, entry, io, leaf: Leaf, store: array) -> Row:
     kind_type = leaf.type
+    k = len(store) >> 2
     if kind_type in _TENSOR_TYPES or leaf.dtype is not None and leaf.shape is not None:
-        mx, mn, mean, norm = leaf.Max, leaf.Min, leaf.Mean, leaf.Norm
-        if type(mx) is not float or type(mn) is not float or type(mean) is not float or type(norm) is not float:
-            mx, mn, mean, norm = map(_num, (mx, mn, mean, norm))
+        stats = (leaf.Max, leaf.Min, leaf.Mean, leaf.Norm)     # vocabulary.STAT_KEYS
+        if type(stats[0]) is float and type(stats[1]) is float and type(stats[2]) is float \
+                and type(stats[3]) is float:
+            store.extend(stats)
+        else:                                   # ints and bools as floats, anything else NaN
+            store.extend(map(_num, stats))
         dtype = leaf.dtype
         dtype = _dtypes.setdefault(dtype, dtype) if type(dtype) is str else str(dtype)
         shape = tuple(leaf.shape or ())
@@ -80,7 +128,7 @@ def _leaf(name, entry, io, leaf: Leaf) -> Row:
             shape = _shapes.setdefault(shape, shape)
         except TypeError:       # a malformed (nested) shape: not shared
             pass
-        return Row(name, entry, io, "tensor", dtype, shape, mx, mn, mean, norm,
+        return Row(name, entry, io, "tensor", dtype, shape, store, k,
                    leaf.requires_grad, leaf.md5, leaf.data_name or None)
     value = leaf.value
     if kind_type in _PLAIN_TYPES:
@@ -88,27 +136,28 @@ def _leaf(name, entry, io, leaf: Leaf) -> Row:
     else:
         dtype = str(kind_type)
     v = _num(value)
-    return Row(name, entry, io, "value", dtype, (), v, v, v, v, None, None, None, value)
+    store.extend((v, v, v, v))
+    return Row(name, entry, io, "value", dtype, (), store, k, None, None, None, value)
 
 
-def _walk(name, entry, io, data, out, index_lists=True):
+def _walk(name, entry, io, data, out, store, index_lists=True):
     if data is None:
         out.append(Row(name, entry, io, "none"))
     elif type(data) is Leaf:
-        out.append(_leaf(name, entry, io, data))
+        out.append(_leaf(name, entry, io, data, store))
     elif isinstance(data, list):
         for i, item in enumerate(data):
             item_name = f"{name}.{i}" if index_lists else name
             if type(item) is Leaf:          # the common leaf
-                out.append(_leaf(item_name, entry, io, item))
+                out.append(_leaf(item_name, entry, io, item, store))
             else:
-                _walk(item_name, entry, io, item, out, index_lists)
+                _walk(item_name, entry, io, item, out, store, index_lists)
     elif isinstance(data, dict):
         if isinstance(data.get("type"), str):
-            out.append(_leaf(name, entry, io, msgspec.convert(data, Leaf)))
+            out.append(_leaf(name, entry, io, msgspec.convert(data, Leaf), store))
         else:
             for key, item in data.items():
-                _walk(f"{name}.{key}", entry, io, item, out, index_lists)
+                _walk(f"{name}.{key}", entry, io, item, out, store, index_lists)
 
 
 def _parts(entry: Entry | dict) -> list:
@@ -119,21 +168,22 @@ def _parts(entry: Entry | dict) -> list:
     return [(io, entry[key]) for key, io in ENTRY_KEYS if key in entry]
 
 
-def flatten(entry_name: str, entry: Entry | dict) -> list[Row]:
+def flatten(entry_name: str, entry: Entry | dict, store: array | None = None) -> list[Row]:
     """All rows of one dump.json entry (a struct or, where it did not fit one, a dict), in
-    msprobe's row order."""
+    msprobe's row order; their statistics appended to ``store`` (a side's, or their own)."""
     out: list[Row] = []
+    store = store if store is not None else array("d")
     if type(entry) is dict and PARAMETERS_GRAD in entry_name:
         parsed = parse_entry_name(entry_name)
         if parsed is not None and parsed.direction == PARAMETERS_GRAD and not parsed.io:
             for key, item in entry.items():
-                _walk(f"{entry_name}.{key}", entry_name, PARAMETERS_GRAD, item, out, index_lists=False)
+                _walk(f"{entry_name}.{key}", entry_name, PARAMETERS_GRAD, item, out, store, index_lists=False)
             return out
     if type(entry) is not Entry and not isinstance(entry, dict):
         return out
     parts = _parts(entry)
     for io, part in parts:
-        _walk(f"{entry_name}.{io}", entry_name, io, part, out)
+        _walk(f"{entry_name}.{io}", entry_name, io, part, out, store)
     if any(io == PARAMETERS for io, _ in parts) and any(r.io == PARAMETERS for r in out):
         out.sort(key=lambda r: _ORDER[r.io])   # stable: keeps order within each group
     return out
