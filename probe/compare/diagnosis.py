@@ -373,18 +373,20 @@ class _RowFacts:
         n = len(pairs)
         paired, part = np.zeros(n, bool), np.zeros(n, np.int8)
         bench_in, out_same = np.zeros(n, bool), np.zeros(n, bool)
-        norm, numel = np.full(n, np.nan), np.zeros(n)
+        numel, tensor = np.zeros(n), np.zeros(n, bool)
         parts = {"input": _IN, "parameters": _IN, "output": _OUT, "parameters_grad": _OUT}
-        for i, p in enumerate(pairs):
-            a, b = p.npu, p.bench
+        bench_rows = [p.bench for p in pairs]
+        for i, (p, b) in enumerate(zip(pairs, bench_rows)):
+            a = p.npu
             if a is None or b is None:
                 continue
             paired[i] = True
             part[i] = parts.get(a.io, 0)
             if b.kind == "tensor":
-                norm[i], numel[i] = b.stats[3], b.numel
+                tensor[i], numel[i] = True, b.numel
                 bench_in[i] = b.io == "input" or b.io == "parameters"
                 out_same[i] = a.io == "output" and a.shape == b.shape
+        norm = np.where(tensor, stats_of(bench_rows)[:, 3], np.nan)
         return cls(np.asarray(unit_of, np.int64), paired, part, bench_in, out_same, norm, numel)
 
 

@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 import msgspec
 import orjson
 from probe.errors import ConfigError
-from probe.vocabulary import PARAMETERS_GRAD
+from probe.vocabulary import PARAMETERS_GRAD, STAT_KEYS
 
 _CHUNK = 1 << 22
 WHOLE_FILE_BYTES = 256 << 20    # parsed whole: ~6x its size in objects while entries are handed out
@@ -50,23 +50,17 @@ class DumpMeta:
     problems: list = field(default_factory=list)
 
 
-class Leaf(msgspec.Struct, gc=False):
-    """One tensor or argument of an entry, as dump.json has it (``type`` required: a JSON
-    object without one is a container, which the struct decoding refuses)."""
-    type: str
-    dtype: Any = None
-    shape: Any = None
-    Max: Any = None
-    Min: Any = None
-    Mean: Any = None
-    Norm: Any = None
-    requires_grad: Any = None
-    md5: Any = None
-    data_name: Any = None
-    value: Any = None
+# One tensor or argument of an entry, as dump.json has it: its statistics are the
+# vocabulary's STAT_KEYS (a new statistic is read with no change here); ``type`` is
+# required, so a JSON object without one (a container) is refused by the struct decoding.
+Leaf = msgspec.defstruct(
+    "Leaf", [("type", str), ("dtype", Any, None), ("shape", Any, None),
+             *[(key, Any, None) for key in STAT_KEYS],
+             ("requires_grad", Any, None), ("md5", Any, None), ("data_name", Any, None), ("value", Any, None)],
+    gc=False, module=__name__)
 
 
-_Item = Union[Leaf, list, None]
+_Item = Union[Leaf, list, None]   # type: ignore[valid-type]
 
 
 class Entry(msgspec.Struct, gc=False):

@@ -9,25 +9,28 @@ from __future__ import annotations
 
 import math
 from array import array
+from operator import attrgetter
 from typing import Any, Optional
 
 import msgspec
 import numpy as np
 
 from .reader import Entry, Leaf
-from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS, PARAMETERS_GRAD, parse_entry_name
+from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS, PARAMETERS_GRAD, STAT_KEYS, parse_entry_name
 from probe.vocabulary import direction  # noqa: F401  (engine reads it from here)
 
 _ORDER = {io: k for k, io in enumerate(IO_PARTS)}
 _NAN = float("nan")
-_NO_STATS = (_NAN,) * 4
+_WIDTH = len(STAT_KEYS)               # statistics a row has, in the order of STAT_KEYS
+_NO_STATS = (_NAN,) * _WIDTH
+_stats_of_leaf = attrgetter(*STAT_KEYS)
 
 
 class Row(msgspec.Struct, gc=False, eq=False):
     """One comparable item of one side.
 
-    Its statistics live in its side's ``store`` (four float64 per row, at ``4 * k``): 32
-    bytes a row where four Python floats were 128, and read for many rows at once as an
+    Its statistics live in its side's ``store`` (``len(STAT_KEYS)`` float64 per row, from
+    ``k`` times that): 32 bytes a row where four Python floats were 128, and read for many rows at once as an
     array (``stats_of``).  A struct the cyclic garbage collector does not track: a
     100k-entry compare makes 600k rows, and tracking them cost a 0.5 s collection once
     the compare let the collector run again (rows hold strings, numbers, shared shape
@@ -39,7 +42,7 @@ class Row(msgspec.Struct, gc=False, eq=False):
     dtype: Optional[str] = None
     shape: Optional[tuple] = None
     store: Optional[array] = None   # the side's statistics; None: the row has none
-    k: int = -1                     # this row's four in ``store``
+    k: int = -1                     # this row's place in ``store``
     requires_grad: Optional[bool] = None
     md5: Optional[str] = None
     data_name: Optional[str] = None
@@ -51,16 +54,16 @@ class Row(msgspec.Struct, gc=False, eq=False):
         s = self.store
         if s is None:
             return _NO_STATS
-        i = 4 * self.k
-        return (s[i], s[i + 1], s[i + 2], s[i + 3])
+        i = _WIDTH * self.k
+        return tuple(s[i:i + _WIDTH])
 
     def stats_key(self) -> bytes:
-        """The statistics' 32 bytes: a compact exact key (a tensor that feeds a later call
+        """The statistics' bytes: a compact exact key (a tensor that feeds a later call
         carries the same statistics there)."""
         if self.store is None:
             return b""
-        i = 4 * self.k
-        return self.store[i:i + 4].tobytes()
+        i = _WIDTH * self.k
+        return self.store[i:i + _WIDTH].tobytes()
 
     @property
     def numel(self) -> int:
@@ -82,16 +85,16 @@ class Row(msgspec.Struct, gc=False, eq=False):
 
 
 def stats_of(rows: list) -> np.ndarray:
-    """``len(rows)`` x 4 statistics (vocabulary.STAT_KEYS), NaN for a None row or a row
-    without statistics; the rows of one side are read from its store at once."""
-    out = np.full((len(rows), 4), np.nan)
+    """``len(rows)`` x ``len(STAT_KEYS)`` statistics, NaN for a None row or a row without
+    statistics; the rows of one side are read from its store at once."""
+    out = np.full((len(rows), _WIDTH), np.nan)
     store = next((r.store for r in rows if r is not None and r.store is not None), None)
     if store is None:
         return out
     ks = np.array([(r.k if r.store is store else -2) if r is not None and r.store is not None else -1
                    for r in rows], dtype=np.int64)
     hit = ks >= 0
-    out[hit] = np.frombuffer(store, dtype=np.float64).reshape(-1, 4)[ks[hit]]
+    out[hit] = np.frombuffer(store, dtype=np.float64).reshape(-1, _WIDTH)[ks[hit]]
     for i in np.flatnonzero(ks == -2).tolist():        # rows of another store
         out[i] = rows[i].stats
     return out
@@ -111,16 +114,15 @@ _shapes: dict = {}          # one tuple per distinct shape, shared by all rows t
 _dtypes: dict = {}          # one string per distinct dtype (smaller to pickle and to hold)
 
 
-def _leaf(name, entry, io, leaf: Leaf, store: array) -> Row:
+def _leaf(name, entry, io, leaf, store: array) -> Row:
+    """The row of one ``reader.Leaf``."""
     kind_type = leaf.type
     k = len(store) >> 2
     if kind_type in _TENSOR_TYPES or leaf.dtype is not None and leaf.shape is not None:
-        stats = (leaf.Max, leaf.Min, leaf.Mean, leaf.Norm)     # vocabulary.STAT_KEYS
-        if type(stats[0]) is float and type(stats[1]) is float and type(stats[2]) is float \
-                and type(stats[3]) is float:
-            store.extend(stats)
-        else:                                   # ints and bools as floats, anything else NaN
-            store.extend(map(_num, stats))
+        try:
+            store.fromlist(list(_stats_of_leaf(leaf)))     # all or none of them
+        except TypeError:                                  # None, text: NaN
+            store.extend(map(_num, _stats_of_leaf(leaf)))
         dtype = leaf.dtype
         dtype = _dtypes.setdefault(dtype, dtype) if type(dtype) is str else str(dtype)
         shape = tuple(leaf.shape or ())
@@ -136,7 +138,7 @@ def _leaf(name, entry, io, leaf: Leaf, store: array) -> Row:
     else:
         dtype = str(kind_type)
     v = _num(value)
-    store.extend((v, v, v, v))
+    store.extend((v,) * _WIDTH)
     return Row(name, entry, io, "value", dtype, (), store, k, None, None, None, value)
 
 
