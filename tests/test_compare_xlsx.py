@@ -138,3 +138,37 @@ def test_chunking_does_not_change_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(sheets, "CHUNK_ROWS", 64)
     chunked = _write(tmp_path / "chunked.xlsx", header, cols, styles)
     assert chunked == whole
+
+
+def test_float_array_columns_write_as_lists_do(tmp_path, monkeypatch):
+    """The compare's number columns are float64 arrays (NaN: an empty cell); adjacent ones
+    with the same cell style are encoded as one block per row. The workbook and the CSV must
+    be byte for byte what the same numbers give as lists (NaN as None), whatever the row
+    styles, with infinities in some chunks (those go cell by cell), percent columns between
+    plain ones, and a column of one value among them."""
+    from probe.compare.xlsx import sheets
+    rng = np.random.default_rng(1)
+    n = 700
+    arrays = [rng.standard_normal(n) * 10.0 ** rng.integers(-8, 8, n) for _ in range(7)]
+    arrays[0][::5] = np.nan
+    arrays[3][::9] = -0.0
+    arrays[4][[3, 400]] = [np.inf, -np.inf]          # chunks 0 and 3 of 128 rows
+    arrays[6][:] = np.nan
+    header = ["name", "a", "b", "pa", "pb", "same", "c", "d", "e", "tail"]
+    values = [[f"row {k}" for k in range(n)], arrays[0], arrays[1], arrays[2], arrays[3],
+              np.full(n, 2.5), arrays[4], arrays[5], arrays[6], [("x", "y")[k % 2] for k in range(n)]]
+    styles = [(None, "error", "warning", "link")[k % 5 % 4] for k in range(n)]
+    monkeypatch.setattr(sheets, "CHUNK_ROWS", 128)
+
+    def write(path, cols):
+        sheet = Sheet("rows", header, cols, styles, percent_columns={"pa", "pb"}, csv_path=str(path) + ".csv")
+        write_workbook(str(path), [sheet])
+        with zipfile.ZipFile(path) as z:
+            return [z.read(n) for n in sorted(z.namelist())], open(str(path) + ".csv", "rb").read()
+
+    as_lists = [[None if math.isnan(v) else v for v in c.tolist()] if isinstance(c, np.ndarray) else c
+                for c in values]
+    assert write(tmp_path / "arrays.xlsx", values) == write(tmp_path / "lists.xlsx", as_lists)
+    ws = openpyxl.load_workbook(tmp_path / "arrays.xlsx")["rows"]
+    assert ws.cell(2 + 1, 2).value == arrays[0][1] and ws.cell(2, 2).value is None
+    assert ws.cell(2 + 3, 7).value == "inf" and ws.cell(2 + 1, 4).number_format.endswith("%")

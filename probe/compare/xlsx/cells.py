@@ -251,18 +251,77 @@ def csv_field(value) -> str:
     return text
 
 
+def _float_runs(columns: list, prefixes: list) -> dict:
+    """start -> stop of each run of two or more adjacent float-array columns with the same
+    cell openings and no infinity in this chunk: encoded as one block (``_run_cells``)."""
+    runs, start = {}, None
+    for j in range(len(columns) + 1):
+        ok = j < len(columns) and isinstance(columns[j], np.ndarray) and columns[j].dtype == np.float64 \
+            and not np.isinf(columns[j]).any()
+        if start is not None and not (ok and prefixes[j] == prefixes[start]):
+            if j - start >= 2:
+                runs[start] = j
+            start = None
+        if ok and start is None:
+            start = j
+    return runs
+
+
+def _run_cells(block: np.ndarray, pre: dict, styles: list) -> tuple[list, list]:
+    """Per row, the cells of a run of float columns (``block``: rows x columns) and their
+    CSV fields joined by commas, out of one orjson text per row style: the numbers are
+    formatted in C, and the commas between them become the XML between cells by
+    ``str.replace`` (a NaN is an empty cell, as ``cell_body`` writes it)."""
+    m = len(block)
+    if not m:
+        return [], []
+    by_style: dict = {}
+    for r, style in enumerate(styles):
+        by_style.setdefault(style, []).append(r)
+    cells: list = [None] * m
+    fields: list = [None] * m
+    for style, rows in by_style.items():
+        sub = block if len(rows) == m else block[rows]
+        text = orjson.dumps(sub, option=orjson.OPT_SERIALIZE_NUMPY).decode()[2:-2]     # "a,b],[c,d"
+        gaps = np.isnan(sub).any()
+        opening = pre[style] + "><v>"
+        xml = opening + text.replace("],[", "</v></c>\x00" + opening).replace(",", "</v></c>" + opening) + "</v></c>"
+        if gaps:
+            xml, text = xml.replace("><v>null</v></c>", _EMPTY), text.replace("null", "")
+        if len(rows) == m:
+            return xml.split("\x00"), text.split("],[")
+        for r, x, f in zip(rows, xml.split("\x00"), text.split("],[")):
+            cells[r], fields[r] = x, f
+    return cells, fields
+
+
 def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, shared: list,
                 with_csv: bool, heights: list | None = None) -> tuple[bytes, bytes]:
     """Sheet XML and CSV of rows (``columns``: their values, one list per column; ``lo``:
     the first one's index) in one join over the cells in row order: "<row r=..>", prefix,
     body, ..., "</row>".  A column of finite floats gives just the numbers' texts, its
     "><v>" and "</v></c>" going with the prefixes around them; a column of one value goes
-    whole into the (per row style) text before the next column.  ``prefixes``: per
-    column, row style -> the cell's opening; ``heights``: per row, a height in points or
-    None (the default height)."""
+    whole into the (per row style) text before the next column; a run of float-array
+    columns is one block of cells per row (``_run_cells``).  ``prefixes``: per column,
+    row style -> the cell's opening; ``heights``: per row, a height in points or None
+    (the default height)."""
     m = len(columns[0]) if columns else 0
-    enc, kind = [], []              # kind: 0 cell bodies, 1 float texts, 2 one body
-    for chunk, table in zip(columns, shared):
+    st = styles if styles else [None] * m
+    runs = _float_runs(columns, prefixes)
+    enc: list = []                  # per column (or run): (cells or texts, CSV fields)
+    kind, pres = [], []             # kind: 0 cell bodies, 1 float texts, 2 one body, 3 whole cells
+    j = 0
+    while j < len(columns):
+        chunk, table, pre = columns[j], shared[j], prefixes[j]
+        if j in runs:
+            stop = runs[j]
+            enc.append(_run_cells(np.stack(columns[j:stop], axis=1), pre, st))
+            kind.append(3)
+            pres.append(dict.fromkeys(pre, ""))
+            j = stop
+            continue
+        j += 1
+        pres.append(pre)
         if _constant(chunk):
             body, field = encode_column(chunk[:1], table)
             enc.append((body[0], [field[0]] * m))
@@ -271,7 +330,6 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
         plain = _finite_floats(chunk)
         kind.append(1 if plain is not None else 0)
         enc.append((plain, plain) if plain is not None else encode_column(chunk, table))
-    st = styles if styles else [None] * m
     if heights:
         seqs = [[f'<row r="{r}" ht="{h:g}" customHeight="1">' if h else f'<row r="{r}">'
                  for r, h in zip(range(lo + 2, lo + m + 2), heights)]]
@@ -280,7 +338,7 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
     keys = list(prefixes[0]) if prefixes else [None]
     pending = dict.fromkeys(keys, "")
     prev_raw = False
-    for pre, (bodies, _), kd in zip(prefixes, enc, kind):
+    for pre, (bodies, _), kd in zip(pres, enc, kind):
         lead, tail = ("</v></c>" if prev_raw else ""), ("><v>" if kd == 1 else "")
         full = {style: pending[style] + lead + p + tail for style, p in pre.items()}
         if kd == 2:
@@ -295,5 +353,3 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
     xml = "".join(chain.from_iterable(zip(*seqs))).encode("utf-8")
     text = ("\r\n".join(map(",".join, zip(*[f for _, f in enc]))) + "\r\n") if with_csv else ""
     return xml, text.encode("utf-8")
-
-
