@@ -307,18 +307,19 @@ TENSOR_METRICS = ["Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr",
 STAT_DIFFS = [s.diff for s in STATISTICS] + [s.relative for s in STATISTICS]
 MD5_COLUMNS = ["NPU MD5", "BENCH MD5"]
 TAIL_COLUMNS = ["Requires_grad Consistent", "Result", "Err_message"]
-EXTRA_COLUMNS = ["Direction", "Tolerance Dtype", "Err/Tolerance", "Match"]   # probe's own, after msprobe's
+ERR_TOLERANCE = "Err/Tolerance"      # a row's worst error over its tolerance
+EXTRA_COLUMNS = ["Direction", "Tolerance Dtype", ERR_TOLERANCE, "Match"]   # probe's own, after msprobe's
 PERCENT_COLUMNS = {s.relative for s in STATISTICS}
 BOOLEAN_COLUMNS = ["NPU Requires_grad", "Bench Requires_grad", "Requires_grad Consistent"]
-NUMBER_COLUMNS = TENSOR_METRICS + STAT_DIFFS + STAT_COLUMNS + ["Err/Tolerance"]
+NUMBER_COLUMNS = TENSOR_METRICS + STAT_DIFFS + STAT_COLUMNS + [ERR_TOLERANCE]
 # The metrics of a row that the summary json and the report page carry, per compare mode.
 SUMMARY_METRICS = {
-    "tensor": TENSOR_METRICS + ["Err/Tolerance"],
-    "statistics": STAT_DIFFS + ["Err/Tolerance"],
+    "tensor": TENSOR_METRICS + [ERR_TOLERANCE],
+    "statistics": STAT_DIFFS + [ERR_TOLERANCE],
 }
 PAGE_METRICS = {
-    "statistics": [s.diff for s in STATISTICS] + ["NormRelativeErr", "Err/Tolerance"],
-    "tensor": ["Cosine", "MaxAbsErr", "MaxRelativeErr", "EucDist", "Err/Tolerance"],
+    "statistics": [s.diff for s in STATISTICS] + ["NormRelativeErr", ERR_TOLERANCE],
+    "tensor": ["Cosine", "MaxAbsErr", "MaxRelativeErr", "EucDist", ERR_TOLERANCE],
     "md5": MD5_COLUMNS,
 }
 

@@ -2,7 +2,8 @@
 
 Stages: read + flatten each side (reader, rows) -> pair (match) -> metrics (metrics;
 tensor files loaded lazily, in worker processes when there is enough data) -> verdict.
-The result is column-oriented (name -> list) so the report writes it without copying.
+The result is column-oriented (name -> list or float64 array) so the report writes it
+without copying.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from .reader import DumpMeta, gc_paused, read_dump
 from .rows import Row, direction, flatten, stats_of
 from .tensors import load, resolve
 from probe.tolerances import tolerance_for
-from probe.vocabulary import PASS, PERCENT_COLUMNS, STATISTICS, TENSOR_METRICS, columns_for  # noqa: F401  (report reads PERCENT_COLUMNS here)
+from probe.vocabulary import ERR_TOLERANCE, PASS, PERCENT_COLUMNS, STATISTICS, TENSOR_METRICS, columns_for  # noqa: F401  (report reads PERCENT_COLUMNS here)
 
 
 @dataclass
@@ -43,7 +44,8 @@ class Side:
 @dataclass
 class CompareResult:
     mode: str
-    columns: dict                      # column name -> list of values (one per row)
+    columns: dict                      # column name -> one value per row: a list, or a float64
+                                       # array for the statistics and their differences (NaN: empty)
     notes: list = field(default_factory=list)
     npu: Side | None = None
     bench: Side | None = None
@@ -222,7 +224,8 @@ def _pair(npu: Side, bench: Side, fuzzy_match: bool, align, notes: list) -> tupl
 @dataclass
 class Table:
     """The compare's table, a column at a time: ``cols`` (output column -> one value per
-    row: what the workbook, the CSV, the page and the summary json read), the paired rows
+    row, a list or, for the statistics and their differences, a float64 array with NaN
+    for an empty cell: what the workbook, the CSV, the page and the summary json read), the paired rows
     (``A`` the NPU side's, ``B`` the bench side's, None where unpaired), the statistics of
     the rows both sides hold as numpy arrays (``stat_idx`` rows x ``vocabulary.STATISTICS``)
     and each row's findings so far."""
@@ -272,7 +275,7 @@ class Table:
         npu_st, bench_st = summaries["NPU"].T[sel], summaries["Bench"].T[sel]
         for c, col in cols.items():
             if col is None:        # filled by the judges (or empty in this mode)
-                cols[c] = [None] * n
+                cols[c] = np.full(n, np.nan) if c == ERR_TOLERANCE else [None] * n
         table = cls(mode, A, B, cols, _running_tolerance(A, B), stat_idx, npu_st, bench_st,
                     levels=[None] * n, messages=[None] * n)
         table._requires_grad()
@@ -455,15 +458,13 @@ def _judge_by_statistics(t: Table, stat_rows: list):
     exact = np.array([tol_dtype[i] == "exact" for i in rows_i], dtype=bool)
     common = np.isfinite(ns).all(axis=1) & np.isfinite(bs).all(axis=1) & ~exact     # kept cheap
     ratios = ratio.tolist()
-    err_tol = t.cols["Err/Tolerance"]
-    for k in np.flatnonzero(common).tolist():
-        err_tol[rows_i[k]] = ratios[k]
+    t.cols[ERR_TOLERANCE][np.asarray(rows_i, dtype=np.int64)[common]] = ratio[common]
     tails: dict = {}          # id(tolerance) -> ratio_finding's constant ends
     for k in np.flatnonzero(common & (ratio > 1.0)).tolist():
         r, tol = ratios[k], tols[k]
         tail = tails.get(id(tol))
         if tail is None:
-            tail = tails[id(tol)] = vd._ratio_tails(tol, "statistics off by")
+            tail = tails[id(tol)] = vd.ratio_tails(tol, "statistics off by")
         # vd.ratio_finding(r, tol, "statistics off by"), inlined
         if r > vd.ERROR_FACTOR:
             t.find(rows_i[k], "error", "statistics off by " + format(r, ".3g") + tail[1])
@@ -486,7 +487,7 @@ def _judge_uncommon(t: Table, i: int, ns: np.ndarray, bs: np.ndarray, r: float, 
     if exact and r > 0:
         t.verdict(i).add("error", "integer/bool statistics differ (exact dtype)")
         r = math.inf
-    t.cols["Err/Tolerance"][i] = r
+    t.cols[ERR_TOLERANCE][i] = r
     if not exact:
         vd.judge_ratio(t.verdict(i), r, tol, "statistics off by")
 
@@ -575,7 +576,7 @@ def _tensor_row(cols, i, m: TensorMetrics, v: vd.Verdict, tol_name, exact: bool)
     cols["MaxRelativeErr"][i] = m.max_rel
     cols["One Thousandth Err Ratio"][i] = m.one_thousandth
     cols["Five Thousandths Err Ratio"][i] = m.five_thousandths
-    cols["Err/Tolerance"][i] = m.tol_ratio
+    cols[ERR_TOLERANCE][i] = m.tol_ratio
     for note in m.notes:
         v.add("pass", note)
     if m.nonfinite_mismatch:

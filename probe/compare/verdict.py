@@ -75,14 +75,14 @@ def judge_ratio(v: Verdict, ratio: float, tol: Tolerance, what: str):
 
 def ratio_finding(ratio: float, tol: Tolerance, what: str) -> tuple[str, str]:
     """(level, message) for a ratio beyond 1 (what judge_ratio adds)."""
-    warn, err = _ratio_tails(tol, what)
+    warn, err = ratio_tails(tol, what)
     if ratio > ERROR_FACTOR:
         return "error", what + " " + format(ratio, ".3g") + err
     return "warning", what + " " + format(ratio, ".3g") + warn
 
 
 @functools.lru_cache(maxsize=64)
-def _ratio_tails(tol: Tolerance, what: str) -> tuple[str, str]:
+def ratio_tails(tol: Tolerance, what: str) -> tuple[str, str]:
     """The constant ends of ratio_finding's messages (hundreds of thousands of rows)."""
     warn = f"x the {tol.name} tolerance (rtol {tol.rtol:g})"
     return warn, f"{warn}, more than {ERROR_FACTOR:g}x"
