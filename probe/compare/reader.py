@@ -7,11 +7,11 @@ into one raw slice per entry and decodes each entry straight into ``Entry`` / ``
 structs: 0.2 s and ~100 MB for a 70 MB file, where orjson's dicts took 0.5 s and 420 MB
 (bench/compare.py's 100k-entry pair).  An entry the structs do not fit (a nested dict
 argument, odd field types) is decoded as plain dicts instead.  Other readers get dicts,
-parsed at once by orjson and handed out and dropped one by one.  Anything orjson refuses (msprobe's bare NaN/Infinity tokens, a file
-cut off mid-write, a bigger file) is streamed: the top-level object is walked key by key
-and each entry of ``data`` decoded on its own with ``raw_decode``.  A file cut off
-mid-write (a run killed mid-step) yields every complete entry and records where it
-stopped instead of failing.
+parsed at once by orjson and handed out and dropped one by one.  Anything msgspec and
+orjson refuse (msprobe's bare NaN/Infinity tokens, a file cut off mid-write, a bigger
+file) is streamed: the top-level object is walked key by key and each entry of ``data``
+decoded on its own with ``raw_decode``.  A file cut off mid-write (a run killed mid-step)
+yields every complete entry and records where it stopped instead of failing.
 """
 from __future__ import annotations
 
