@@ -446,7 +446,7 @@ def _units(result, errors):
         if p.align.startswith("group"):
             key = p.align
         elif a is not None:
-            key = ("npu", a.entry)
+            key = a.entry          # an entry name: never a group's "group N" or a tuple
         else:
             key = ("bench", b.entry)
         u = units.get(key)

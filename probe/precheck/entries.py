@@ -7,6 +7,8 @@ sections the dump used (``Functional`` -> torch.nn.functional, ``Tensor`` -> tor
 """
 from __future__ import annotations
 
+from msgspec.structs import astuple
+
 from probe.vocabulary import PREFIX_SECTION, EntryName, api_name, in_place
 
 # Outputs drawn from a random generator: judged by their distribution, not element-wise.
@@ -86,10 +88,7 @@ def parse_name(name: str) -> ApiEntry | None:
     n = api_name(name)
     if n is None or n.prefix not in PREFIX_SECTION:
         return None
-    return ApiEntry(*[getattr(n, f) for f in _FIELDS])
-
-
-_FIELDS = EntryName.__struct_fields__
+    return ApiEntry(*astuple(n))
 _cache: dict = {}
 
 
