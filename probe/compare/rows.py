@@ -57,14 +57,6 @@ class Row(msgspec.Struct, gc=False, eq=False):
         i = _WIDTH * self.k
         return tuple(s[i:i + _WIDTH])
 
-    def stats_key(self) -> bytes:
-        """The statistics' bytes: a compact exact key (a tensor that feeds a later call
-        carries the same statistics there)."""
-        if self.store is None:
-            return b""
-        i = _WIDTH * self.k
-        return self.store[i:i + _WIDTH].tobytes()
-
     @property
     def numel(self) -> int:
         return math.prod(self.shape) if self.shape is not None else 0
