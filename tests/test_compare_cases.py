@@ -337,6 +337,11 @@ def _odd_entries() -> dict:
         "Module.fc.Linear.parameters_grad": {"weight": [t], "bias": [t]},
         "Functional.op.3.forward": None,
         "Functional.op.4.forward": {"input_args": "not a list", "output": [t]},
+        "Tensor.__setitem__.0.forward": {"input_args": [t], "parameters": None, "output": None},   # null parts: rows
+        "Functional.op.5.forward": {"input_args": [{"type": "torch.Size", "dtype": None, "shape": None,
+                                                    "value": [2, 3]},      # keys there, null: a tensor row
+                                                   {"type": "torch.Tensor", "shape": [2]},   # no dtype key
+                                                   {"type": "float", "value": 12345.5}]},   # written 1e400
     }
 
 
@@ -349,7 +354,11 @@ def test_struct_and_dict_reads_flatten_alike(tmp_path):
     fixtures = os.path.join(os.path.dirname(__file__), "fixtures")
     paths = sorted(os.path.join(d, "dump.json") for d, _, files in os.walk(fixtures) if "dump.json" in files)
     odd = tmp_path / "dump.json"
-    odd.write_text(json.dumps({"task": "statistics", "level": "mix", "data": _odd_entries()}))
+    odd.write_text(json.dumps({"task": "statistics", "level": "mix", "data": _odd_entries()})
+                   .replace("12345.5", "1e400"))       # beyond float64: orjson refuses, json reads inf
+    import msgspec
+    msgspec.json.decode(odd.read_bytes(), type=dict[str, msgspec.Raw])   # msgspec takes the file:
+    # its entries go the struct path (that 1e400's entry, refused by the structs and orjson, as dicts)
     nan = tmp_path / "nan" / "dump.json"         # bare NaN tokens: msgspec refuses the file
     nan.parent.mkdir()
     nan.write_text(odd.read_text().replace('"Max": 1.0', '"Max": NaN', 1))
@@ -363,6 +372,8 @@ def test_struct_and_dict_reads_flatten_alike(tmp_path):
         assert (metas[0].task, metas[0].level, metas[0].entries) == \
                (metas[1].task, metas[1].level, metas[1].entries)
     kinds = {(r.name, r.kind) for r in typed}
+    assert ("Tensor.__setitem__.0.forward.output", "none") in kinds
+    assert ("Functional.op.5.forward.input.0", "tensor") in kinds
     assert ("Functional.op.1.forward.input.0.nested.b.0", "tensor") in kinds        # the dict argument
     assert ("Module.fc.Linear.parameters_grad.weight", "tensor") in kinds
     assert ("Functional.op.0.forward.input.dim", "value") in kinds

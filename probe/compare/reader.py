@@ -25,6 +25,7 @@ from typing import Any, Optional, Union
 
 import msgspec
 import orjson
+from msgspec import UNSET, UnsetType
 from probe.errors import ConfigError
 from probe.vocabulary import PARAMETERS_GRAD, STAT_KEYS
 
@@ -54,7 +55,7 @@ class DumpMeta:
 # vocabulary's STAT_KEYS (a new statistic is read with no change here); ``type`` is
 # required, so a JSON object without one (a container) is refused by the struct decoding.
 Leaf = msgspec.defstruct(
-    "Leaf", [("type", str), ("dtype", Any, None), ("shape", Any, None),
+    "Leaf", [("type", str), ("dtype", Any, UNSET), ("shape", Any, UNSET),     # UNSET: no such key
              *[(key, Any, None) for key in STAT_KEYS],
              ("requires_grad", Any, None), ("md5", Any, None), ("data_name", Any, None), ("value", Any, None)],
     gc=False, module=__name__)
@@ -64,12 +65,13 @@ _Item = Union[Leaf, list, None]   # type: ignore[valid-type]
 
 
 class Entry(msgspec.Struct, gc=False):
-    """One dump.json entry, its parts as vocabulary.ENTRY_KEYS names them."""
-    input_args: Optional[list[_Item]] = None
-    input_kwargs: Optional[dict[str, _Item]] = None
-    input: Optional[list[_Item]] = None
-    parameters: Optional[dict[str, _Item]] = None
-    output: Optional[list[_Item]] = None
+    """One dump.json entry, its parts as vocabulary.ENTRY_KEYS names them: ``UNSET`` where
+    the entry has no such key (``None`` is a part written as ``null``: a row of its own)."""
+    input_args: Union[list[_Item], None, UnsetType] = UNSET
+    input_kwargs: Union[dict[str, _Item], None, UnsetType] = UNSET
+    input: Union[list[_Item], None, UnsetType] = UNSET
+    parameters: Union[dict[str, _Item], None, UnsetType] = UNSET
+    output: Union[list[_Item], None, UnsetType] = UNSET
 
 
 class _RawDoc(msgspec.Struct):
@@ -104,8 +106,9 @@ def gc_paused():
         yield
     finally:
         if was:
-            gc.freeze()        # everything tracked -> the permanent generation ...
-            gc.unfreeze()      # ... -> the oldest one: no young collection of it
+            if not gc.get_freeze_count():     # (a host's own frozen objects stay frozen)
+                gc.freeze()        # everything tracked -> the permanent generation ...
+                gc.unfreeze()      # ... -> the oldest one: no young collection of it
             gc.enable()
 
 
@@ -249,7 +252,10 @@ def _typed_entries(doc: _RawDoc, meta: DumpMeta):
                 raise msgspec.ValidationError
             entry = decode(raw)
         except msgspec.ValidationError:         # a nested dict argument, odd field types
-            entry = orjson.loads(bytes(raw))
+            try:
+                entry = orjson.loads(bytes(raw))
+            except orjson.JSONDecodeError:      # a number beyond float64 (1e400): inf, as json has it
+                entry = json.loads(bytes(raw))
         meta.entries += 1
         yield name, entry
 

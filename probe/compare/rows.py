@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import msgspec
 import numpy as np
+from msgspec import UNSET
 
 from .reader import Entry, Leaf
 from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS, PARAMETERS_GRAD, STAT_KEYS, parse_entry_name
@@ -109,15 +110,15 @@ _dtypes: dict = {}          # one string per distinct dtype (smaller to pickle a
 def _leaf(name, entry, io, leaf, store: array) -> Row:
     """The row of one ``reader.Leaf``."""
     kind_type = leaf.type
-    k = len(store) >> 2
-    if kind_type in _TENSOR_TYPES or leaf.dtype is not None and leaf.shape is not None:
+    k = len(store) // _WIDTH
+    if kind_type in _TENSOR_TYPES or leaf.dtype is not UNSET and leaf.shape is not UNSET:   # both keys there
         try:
             store.fromlist(list(_stats_of_leaf(leaf)))     # all or none of them
         except TypeError:                                  # None, text: NaN
             store.extend(map(_num, _stats_of_leaf(leaf)))
-        dtype = leaf.dtype
+        dtype = leaf.dtype if leaf.dtype is not UNSET else None
         dtype = _dtypes.setdefault(dtype, dtype) if type(dtype) is str else str(dtype)
-        shape = tuple(leaf.shape or ())
+        shape = tuple((leaf.shape if leaf.shape is not UNSET else None) or ())
         try:
             shape = _shapes.setdefault(shape, shape)
         except TypeError:       # a malformed (nested) shape: not shared
@@ -158,7 +159,7 @@ def _parts(entry: Entry | dict) -> list:
     """(io, part) of each ENTRY_KEYS part the entry holds, in that order."""
     if isinstance(entry, Entry):
         parts = [(io, getattr(entry, key)) for key, io in ENTRY_KEYS]
-        return [(io, part) for io, part in parts if part is not None]
+        return [(io, part) for io, part in parts if part is not UNSET]
     return [(io, entry[key]) for key, io in ENTRY_KEYS if key in entry]
 
 
