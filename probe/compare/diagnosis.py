@@ -731,16 +731,17 @@ def _state(result, calls, errors) -> State:
                     continue
                 if a.dtype in _CASTS:
                     if pending:
-                        _cast_keys([(r.dtype, r.shape, *r.stats[:2]) for r in pending], cast)
+                        _cast_keys([(pairs[j].npu.dtype, pairs[j].npu.shape, *stats[j, :2].tolist())
+                                    for j in pending], cast)
                         pending = []
-                    if (a.dtype, a.shape, *a.stats[:2]) in cast:
+                    if (a.dtype, a.shape, *stats[i, :2].tolist()) in cast:
                         continue
                 compared += 1
                 if errors[i] > 0:
                     differing.append(OutsideInput(a.name, a.shape, errors[i], u.module))
             elif a.io == "output":
                 produced.add((a.dtype, a.shape, keys[i]))
-                pending.append(a)
+                pending.append(i)
     differing.sort(key=lambda o: -o.error)
     return State(differing, compared)
 

@@ -73,7 +73,7 @@ def read_side(path: str) -> Side:
 def _read_side(path: str) -> Side:
     meta = DumpMeta(path)
     rows: list[Row] = []
-    store = array("d")                 # the side's statistics, four per row (Row.stats)
+    store = array("d")                 # the side's statistics (Row.stats)
     for name, entry in read_dump(path, meta, typed=True):
         rows.extend(flatten(name, entry, store))
     tensors = [r for r in rows if r.kind == "tensor"]

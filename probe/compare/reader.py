@@ -242,22 +242,24 @@ def _typed_entries(doc: _RawDoc, meta: DumpMeta):
         value = getattr(doc, key)
         if value is not None:
             setattr(meta, key, value)
-    decode = _ENTRY.decode
     data = doc.data
     for name in list(data):
-        raw = data.pop(name)
-        entry: Entry | dict
-        try:
-            if PARAMETERS_GRAD in name:         # keyed by parameter name: a dict
-                raise msgspec.ValidationError
-            entry = decode(raw)
-        except msgspec.ValidationError:         # a nested dict argument, odd field types
-            try:
-                entry = orjson.loads(bytes(raw))
-            except orjson.JSONDecodeError:      # a number beyond float64 (1e400): inf, as json has it
-                entry = json.loads(bytes(raw))
+        entry = _decode_entry(name, data.pop(name))
         meta.entries += 1
         yield name, entry
+
+
+def _decode_entry(name: str, raw: msgspec.Raw) -> Entry | dict:
+    """An ``Entry`` where the structs fit it, else plain dicts."""
+    if PARAMETERS_GRAD not in name:             # (keyed by parameter name: a dict)
+        try:
+            return _ENTRY.decode(raw)
+        except msgspec.ValidationError:         # a nested dict argument, odd field types
+            pass
+    try:
+        return orjson.loads(bytes(raw))
+    except orjson.JSONDecodeError:              # a number beyond float64 (1e400): inf, as json has it
+        return json.loads(bytes(raw))
 
 
 def _whole_entries(doc: dict, meta: DumpMeta):

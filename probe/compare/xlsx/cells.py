@@ -104,21 +104,14 @@ def encode_column(col: list, sst: SharedStrings | None = None) -> tuple[list, li
     with ``sst``, texts that repeat in the column are shared strings instead.
     """
     if isinstance(col, np.ndarray):
-        return _array_column(col)
+        return _float_column(col)
     kinds = set(map(type, col))
     has_none = _NONE_TYPE in kinds
     kinds.discard(_NONE_TYPE)
     if not kinds:
         return [_EMPTY] * len(col), [""] * len(col)
     if kinds == {float}:
-        texts = float_texts(col)
-        bodies = list(map(_NUM.__mod__, texts))
-        if _NULL in texts:                           # None, NaN or an infinity
-            for k, t in enumerate(texts):
-                if t == _NULL:
-                    v = col[k]
-                    bodies[k], texts[k] = cell_body(v), csv_field(v)
-        return bodies, texts
+        return _float_column(col)
     if not {bool, int} <= kinds and kinds <= {str, bool, int}:
         if sst is not None:                          # in order of first appearance
             ordered = dict.fromkeys(col)
@@ -138,15 +131,18 @@ def encode_column(col: list, sst: SharedStrings | None = None) -> tuple[list, li
     return list(map(cell_body, col)), list(map(csv_field, col))
 
 
-def _array_column(col: np.ndarray) -> tuple[list, list]:
-    """A float column held as a numpy array: NaN is an empty cell (and field), an infinity
-    the text "inf" / "-inf" as ``cell_body`` writes it."""
+def _float_column(col) -> tuple[list, list]:
+    """(cell bodies, CSV fields) of floats (a list, None among them, or a float64 array),
+    formatted at once; None, NaN and infinities as ``cell_body`` / ``csv_field`` write
+    them, but an array's NaN is an empty field too (the array's way to say "no value")."""
     texts = float_texts(col)
     bodies = list(map(_NUM.__mod__, texts))
-    if _NULL in texts:                               # NaN or an infinity
-        for k in np.flatnonzero(~np.isfinite(col)).tolist():
-            v = float(col[k])
-            bodies[k], texts[k] = (_EMPTY, "") if v != v else (cell_body(v), csv_field(v))
+    if _NULL in texts:                           # None, NaN or an infinity
+        blank_nan = isinstance(col, np.ndarray)
+        for k, t in enumerate(texts):
+            if t == _NULL:
+                v = col[k]
+                bodies[k], texts[k] = (_EMPTY, "") if blank_nan and v != v else (cell_body(v), csv_field(v))
     return bodies, texts
 
 
