@@ -155,12 +155,27 @@ def _walk(name, entry, io, data, out, store, index_lists=True):
                 _walk(f"{name}.{key}", entry, io, item, out, store, index_lists)
 
 
-def _parts(entry: Entry | dict) -> list:
-    """(io, part) of each ENTRY_KEYS part the entry holds, in that order."""
-    if isinstance(entry, Entry):
-        parts = [(io, getattr(entry, key)) for key, io in ENTRY_KEYS]
-        return [(io, part) for io, part in parts if part is not UNSET]
-    return [(io, entry[key]) for key, io in ENTRY_KEYS if key in entry]
+def _entry_rows(entry_name: str, entry: Entry, out: list, store: array) -> None:
+    """The rows of a struct entry: its parts' leaves named ``{entry}.{io}.{i or key}``,
+    the common case without ``_walk``'s recursion (0.57 -> 0.41 s a side on
+    bench/compare.py's 100k-entry pair)."""
+    for key, io in ENTRY_KEYS:
+        part = getattr(entry, key)
+        if part is UNSET:
+            continue
+        if type(part) is list:
+            items: Any = enumerate(part)
+        elif type(part) is dict:
+            items = part.items()
+        else:
+            _walk(f"{entry_name}.{io}", entry_name, io, part, out, store)
+            continue
+        prefix = f"{entry_name}.{io}."
+        for i, item in items:
+            if type(item) is Leaf:
+                out.append(_leaf(f"{prefix}{i}", entry_name, io, item, store))
+            else:
+                _walk(f"{prefix}{i}", entry_name, io, item, out, store)
 
 
 def flatten(entry_name: str, entry: Entry | dict, store: array | None = None) -> list[Row]:
@@ -168,15 +183,20 @@ def flatten(entry_name: str, entry: Entry | dict, store: array | None = None) ->
     msprobe's row order; their statistics appended to ``store`` (a side's, or their own)."""
     out: list[Row] = []
     store = store if store is not None else array("d")
-    if type(entry) is dict and PARAMETERS_GRAD in entry_name:
+    if type(entry) is Entry:
+        _entry_rows(entry_name, entry, out, store)
+        if entry.parameters is not UNSET and any(r.io == PARAMETERS for r in out):
+            out.sort(key=lambda r: _ORDER[r.io])   # stable: keeps order within each group
+        return out
+    if not isinstance(entry, dict):
+        return out
+    if PARAMETERS_GRAD in entry_name:
         parsed = parse_entry_name(entry_name)
         if parsed is not None and parsed.direction == PARAMETERS_GRAD and not parsed.io:
             for key, item in entry.items():
                 _walk(f"{entry_name}.{key}", entry_name, PARAMETERS_GRAD, item, out, store, index_lists=False)
             return out
-    if type(entry) is not Entry and not isinstance(entry, dict):
-        return out
-    parts = _parts(entry)
+    parts = [(io, entry[key]) for key, io in ENTRY_KEYS if key in entry]
     for io, part in parts:
         _walk(f"{entry_name}.{io}", entry_name, io, part, out, store)
     if any(io == PARAMETERS for io, _ in parts) and any(r.io == PARAMETERS for r in out):
