@@ -295,99 +295,99 @@ def stat_errors(npu, bench, numel, floor):
     return out
 
 
-def _stats_arrays(rows_a, rows_b):
-    import numpy as np
-    a, b = stats_of(rows_a), stats_of(rows_b)
-    numel = np.array([r.numel for r in rows_b], dtype=np.float64)
-    return a, b, numel
-
-
-def row_errors(result) -> list:
-    """Per row: relative error on one scale (None where nothing was compared)."""
-    import numpy as np
+def row_errors(result, facts: _RowFacts) -> list:
+    """Per row: relative error on one scale (None where nothing was compared). Statistics
+    mode measures every row at once; the tensor and md5 modes read their own columns a
+    row at a time."""
     cols, mode = result.columns, result.mode
-    n = result.n_rows
-    out: list = [None] * n
+    err = np.full(result.n_rows, np.nan)
     tol_dtype, verdicts = cols["Tolerance Dtype"], cols["Result"]
-    by_stats = []                       # rows measured from their statistics, at once below
-    for i, p in enumerate(result.pairs):
-        a, b = p.npu, p.bench
-        if a is None or b is None or a.kind != "tensor" or b.kind != "tensor":
-            continue
-        if tol_dtype[i] == "exact":
-            out[i] = 0.0 if verdicts[i] == "pass" else 1.0
-            continue
-        if mode == "tensor":
-            euc, norm = _f(cols["EucDist"][i]), _f(cols["Bench l2norm"][i])
-            if euc is not None and norm is not None and not math.isnan(euc):
-                out[i] = euc / norm if norm > 0 else (0.0 if euc == 0 else math.inf)
-                continue
-        else:
-            if mode == "md5" and cols["NPU MD5"][i] is not None and cols["NPU MD5"][i] == cols["BENCH MD5"][i]:
-                out[i] = 0.0
-                continue
-            if a.shape == b.shape:
-                by_stats.append(i)
-                continue
-        if verdicts[i] == "error" and _nonfinite_differs(a, b):   # NaN/Inf on one side only
-            out[i] = math.inf   # (a shape or dtype mismatch with finite numbers is not measured)
-    if by_stats:
-        pairs = result.pairs
-        a, b, numel = _stats_arrays([pairs[i].npu for i in by_stats], [pairs[i].bench for i in by_stats])
+    both = facts.npu_tensor & facts.bench_tensor
+    exact = both & (np.array(tol_dtype, dtype=object) == "exact")
+    err[exact] = np.where(np.array(verdicts, dtype=object)[exact] == "pass", 0.0, 1.0)
+    rest = both & ~exact
+    if mode == "statistics":
+        by_stats = rest & facts.same_shape
+    else:
+        by_stats = np.zeros(len(err), dtype=bool)
+        for i in np.flatnonzero(rest).tolist():
+            if mode == "tensor":
+                euc, norm = _f(cols["EucDist"][i]), _f(cols["Bench l2norm"][i])
+                if euc is not None and norm is not None and not math.isnan(euc):
+                    err[i] = euc / norm if norm > 0 else (0.0 if euc == 0 else math.inf)
+            elif mode == "md5" and cols["NPU MD5"][i] is not None and cols["NPU MD5"][i] == cols["BENCH MD5"][i]:
+                err[i] = 0.0
+            elif facts.same_shape[i]:
+                by_stats[i] = True
+    rows = np.flatnonzero(by_stats)
+    if len(rows):
         floors: dict = {}
-        floor = np.array([floors.get(t) or floors.setdefault(
-            t, tolerance_for(t).floor) for t in (tol_dtype[i] for i in by_stats)])
-        for i, e in zip(by_stats, stat_errors(a, b, numel, floor).tolist()):
-            if not math.isnan(e):
-                out[i] = e
-            elif verdicts[i] == "error" and _nonfinite_differs(pairs[i].npu, pairs[i].bench):
-                out[i] = math.inf
-    return out
-
-
-def _nonfinite_differs(a, b) -> bool:
-    """One side's statistics hold NaN/Inf where the other's do not: an infinite error. Finite
-    statistics never make one ("differs by inf" would say nothing about the call)."""
-    fa = [isinstance(x, float) and not math.isfinite(x) for x in a.stats]
-    fb = [isinstance(x, float) and not math.isfinite(x) for x in b.stats]
-    return fa != fb
+        floor = np.array([floors.get(t) or floors.setdefault(t, tolerance_for(t).floor)
+                          for t in map(tol_dtype.__getitem__, rows.tolist())])
+        err[rows] = stat_errors(facts.npu_stats[rows], facts.bench_stats[rows], facts.bench_numel[rows], floor)
+    # NaN/Inf on one side only: an infinite error (a shape or dtype mismatch with finite
+    # numbers is not measured, nor is a NaN both sides hold)
+    left = np.flatnonzero(rest & np.isnan(err))
+    if len(left):
+        one_sided = (np.isfinite(facts.npu_stats[left]) != np.isfinite(facts.bench_stats[left])).any(axis=1)
+        error = np.array([verdicts[i] == "error" for i in left.tolist()], dtype=bool)
+        err[left[one_sided & error]] = math.inf
+    return [None if e != e else e for e in err.tolist()]
 
 
 _IN, _OUT = 1, 2        # a row's part as the diagnosis reads it: what a call takes, what it gives
 
 
+_IO_CODE = {io: k for k, io in enumerate(("input", "parameters", "output", "parameters_grad"), 1)}
+
+
 @dataclass
 class _RowFacts:
-    """Per table row, as arrays: what grouping rows into calls reads (one pass over the
-    pairs, then numpy per call instead of Python per row: 300k rows of the 100k-entry pair)."""
-    unit: np.ndarray        # the row's call (index into the calls)
-    paired: np.ndarray      # both sides hold the row
-    part: np.ndarray        # the NPU row's _IN / _OUT / 0
-    bench_in: np.ndarray    # the bench row is a tensor taken by the call (input, parameters)
-    out_same: np.ndarray    # an NPU output whose bench row is a tensor of the same shape
-    bench_norm: np.ndarray
-    bench_numel: np.ndarray
+    """Per table row, as arrays: what measuring the rows and grouping them into calls
+    read (one pass over the pairs, then numpy instead of Python per row: 300k rows of
+    the 100k-entry pair). Made at the start of the diagnosis, after anything that
+    rewrites a pair (a shard merge's "can't tell" rows)."""
+    npu_tensor: np.ndarray   # the NPU row is a tensor
+    bench_tensor: np.ndarray
+    npu_io: np.ndarray       # the NPU row's part: _IO_CODE, 0 for none
+    paired: np.ndarray       # both sides hold the row
+    part: np.ndarray         # the paired NPU row's _IN / _OUT / 0
+    bench_in: np.ndarray     # paired, the bench row a tensor taken by the call (input, parameters)
+    out_same: np.ndarray     # a paired NPU output whose bench row is a tensor of the same shape
+    same_shape: np.ndarray   # both rows there, with the same shape
+    npu_stats: np.ndarray    # rows x STAT_KEYS, NaN where a side has none
+    bench_stats: np.ndarray
+    bench_norm: np.ndarray   # the paired bench tensor's Norm, else NaN
+    bench_numel: np.ndarray  # the paired bench tensor's elements, else 0
+    unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # the row's call (_units)
 
     @classmethod
-    def of(cls, pairs, unit_of) -> _RowFacts:
-        n = len(pairs)
-        paired, part = np.zeros(n, bool), np.zeros(n, np.int8)
-        bench_in, out_same = np.zeros(n, bool), np.zeros(n, bool)
-        numel, tensor = np.zeros(n), np.zeros(n, bool)
-        parts = {"input": _IN, "parameters": _IN, "output": _OUT, "parameters_grad": _OUT}
-        bench_rows = [p.bench for p in pairs]
-        for i, (p, b) in enumerate(zip(pairs, bench_rows)):
-            a = p.npu
-            if a is None or b is None:
-                continue
-            paired[i] = True
-            part[i] = parts.get(a.io, 0)
-            if b.kind == "tensor":
-                tensor[i], numel[i] = True, b.numel
-                bench_in[i] = b.io == "input" or b.io == "parameters"
-                out_same[i] = a.io == "output" and a.shape == b.shape
-        norm = np.where(tensor, stats_of(bench_rows)[:, 3], np.nan)
-        return cls(np.asarray(unit_of, np.int64), paired, part, bench_in, out_same, norm, numel)
+    def of(cls, pairs) -> _RowFacts:
+        A, B = [p.npu for p in pairs], [p.bench for p in pairs]
+        io_code, numels = _IO_CODE.get, dict[tuple, int]()
+
+        def numel(shape):
+            n = numels.get(shape)
+            if n is None:
+                n = numels[shape] = math.prod(shape) if shape is not None else 0
+            return n
+        npu_tensor = np.array([a is not None and a.kind == "tensor" for a in A], dtype=bool)
+        bench_tensor = np.array([b is not None and b.kind == "tensor" for b in B], dtype=bool)
+        npu_io = np.array([io_code(a.io, 0) if a is not None else 0 for a in A], dtype=np.int8)
+        bench_io = np.array([io_code(b.io, 0) if b is not None else 0 for b in B], dtype=np.int8)
+        paired = np.array([a is not None and b is not None for a, b in zip(A, B)], dtype=bool)
+        same_shape = np.array([a is not None and b is not None and a.shape == b.shape for a, b in zip(A, B)],
+                              dtype=bool)
+        bench_numel = np.array([numel(b.shape) if b is not None and b.kind == "tensor" else 0 for b in B],
+                               dtype=np.float64)
+        npu_stats, bench_stats = stats_of(A), stats_of(B)
+        taken = paired & bench_tensor
+        part = np.where(paired & (npu_io >= _IO_CODE["output"]), _OUT,
+                        np.where(paired & (npu_io >= 1), _IN, 0)).astype(np.int8)
+        return cls(npu_tensor, bench_tensor, npu_io, paired, part,
+                   taken & (bench_io >= 1) & (bench_io <= _IO_CODE["parameters"]),
+                   taken & (npu_io == _IO_CODE["output"]) & same_shape, same_shape, npu_stats, bench_stats,
+                   np.where(taken, bench_stats[:, 3], np.nan), np.where(taken, bench_numel, 0.0))
 
 
 def _per_call(n_calls: int, unit: np.ndarray, values: np.ndarray, empty=-np.inf) -> np.ndarray:
@@ -428,14 +428,15 @@ def _cancellation_floors(result, facts: _RowFacts, n_calls: int, errors):
     tol_floor = {t: tolerance_for(t).floor for t in {tol_dtype[i] for i in out.tolist()}}
     floors = np.maximum(floors, [tol_floor[tol_dtype[i]] for i in out.tolist()])
     out_rows = out.tolist()
-    a, b, numel = _stats_arrays([pairs[i].npu for i in out_rows], [pairs[i].bench for i in out_rows])
-    for i, e in zip(out_rows, stat_errors(a, b, numel, floors).tolist()):
+    for i, e in zip(out_rows, stat_errors(facts.npu_stats[out], facts.bench_stats[out],
+                                          facts.bench_numel[out], floors).tolist()):
         if not math.isnan(e) and e < errors[i]:
             errors[i] = e
 
 
-def _units(result, errors):
-    """Rows grouped into calls, in table order (the aligned call sequence)."""
+def _units(result, errors, facts: _RowFacts):
+    """Rows grouped into calls, in table order (the aligned call sequence); ``facts.unit``
+    set to each row's call."""
     units: dict = {}
     npu_mod = result.npu.modules if result.npu else {}
     bench_mod = result.bench.modules if result.bench else {}
@@ -461,7 +462,7 @@ def _units(result, errors):
         u.rows.append(i)
         unit_of.append(u.index)
     calls = list(units.values())
-    facts = _RowFacts.of(result.pairs, unit_of)
+    facts.unit = np.asarray(unit_of, np.int64)
     if result.mode != "tensor":
         _cancellation_floors(result, facts, len(calls), errors)
     _errors_of_calls(result, calls, facts, errors)
@@ -703,7 +704,7 @@ def _cast_keys(outputs: list, into: set) -> None:
                 into.add((dtype, shape, x, y))
 
 
-def _state(result, calls, errors) -> State:
+def _state(result, calls, errors, facts: _RowFacts) -> State:
     """Inputs of forward calls that no earlier call of the step produced, and that differ.
 
     A tensor's identity is not in the dump; its (dtype, shape, statistics) are, and an
@@ -717,7 +718,7 @@ def _state(result, calls, errors) -> State:
     differing: list = []
     compared = 0
     pairs = result.pairs
-    stats = stats_of([p.npu for p in pairs])       # each row's statistics as one bytes key
+    stats = facts.npu_stats                        # each row's statistics as one bytes key
     keys = np.ascontiguousarray(stats).view(f"V{stats.itemsize * stats.shape[1]}").ravel().tolist()
     for u in calls:
         if u.direction != "forward" or u.phase == "optimizer":
@@ -942,8 +943,9 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
 
     ``noise``: bench entry -> run-to-run (input, output) error of that call (noise_floor).
     ``replay``: re-run calls on the NPU's inputs (default: in tensor mode)."""
-    errors = row_errors(result)
-    calls = _units(result, errors)
+    facts = _RowFacts.of(result.pairs)
+    errors = row_errors(result, facts)
+    calls = _units(result, errors, facts)
     _mark(calls)
     low = _low_precision(result)
     for u in calls:
@@ -981,7 +983,7 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
     measure = ("relative L2 error ||npu-bench||/||bench||" if result.mode == "tensor"
                else "worst statistic difference relative to the tensor's magnitude")
     return Diagnosis(calls, fwd, bwd, suspects[:N_SUSPECTS], measure,
-                     inputs_differ=fwd_differ or bwd_differ, state=_state(result, calls, errors),
+                     inputs_differ=fwd_differ or bwd_differ, state=_state(result, calls, errors, facts),
                      drift=_drift(eligible), replayed=replayed, low_precision=low, draws=drawn, device=device,
                      paths_differ=paths_differ)
 
@@ -992,7 +994,8 @@ def noise_floor(bench_json: str, bench2_json: str, **kw) -> dict:
     from .engine import compare_dumps
     r = compare_dumps(bench2_json, bench_json, progress=False, **kw)
     out = {}
-    for u in _units(r, row_errors(r)):
+    facts = _RowFacts.of(r.pairs)
+    for u in _units(r, row_errors(r, facts), facts):
         if u.bench_entry and u.output_error is not None:
             out[u.bench_entry] = (u.input_error or 0.0, u.output_error)
     return out
