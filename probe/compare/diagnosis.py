@@ -536,14 +536,18 @@ def _mark(calls):
     """Phase (optimizer calls come after the step's last backward call) and exactness."""
     from probe.precheck.entries import parse_name
     last_bwd = max((u.index for u in calls if u.direction == "backward"), default=None)
+    kinds: dict = {}        # (api, direction) -> what the API's name says, for its many calls
     for u in calls:
         if last_bwd is not None and u.direction == "forward" and u.index > last_bwd:
             u.phase = "optimizer"
         api = u.api if u.npu_entry else parse_name(u.name)
         if api is not None:
-            u.exact_api = api.exact if u.direction == "forward" else api.exact_backward
-            u.api_key = api.key
-            u.normalizes = api.leaf in NORMALIZING
+            key = (api.prefix, api.api, api.direction, u.direction)
+            kind = kinds.get(key)
+            if kind is None:
+                kind = kinds[key] = (api.exact if u.direction == "forward" else api.exact_backward,
+                                     api.key, api.leaf in NORMALIZING)
+            u.exact_api, u.api_key, u.normalizes = kind
 
 
 def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | None = None):
