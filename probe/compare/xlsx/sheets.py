@@ -123,7 +123,7 @@ def _header_cell(ref: str, text) -> str:
 
 
 # While the writer thread runs: how soon the encoding thread hands it the GIL back.
-SWITCH_INTERVAL_S = 0.001
+SWITCH_INTERVAL_S = 0.0001
 
 
 class _FileThread:
@@ -131,10 +131,12 @@ class _FileThread:
     so compressing one chunk overlaps encoding the next (1.6 s of zlib on the 100k-entry
     pair's 300k rows). The compare's one concurrency beside its process: a writer thread.
 
-    The writer takes the GIL back several times a chunk (CRC, deflate, write); at Python's
-    default switch interval (5 ms) it waited that long each time, and the main sheet of
-    bench/compare.py's 100k-entry pair took 3.5 s, as if written serially. At 1 ms, 2.6 s
-    (``SWITCH_INTERVAL_S``, while the thread runs; the caller's interval is restored)."""
+    The writer takes the GIL back many times a chunk (CRC, each of zlib's output blocks,
+    the write) and waits up to the switch interval each time the encoding thread holds
+    it: at Python's default 5 ms the main sheet of bench/compare.py's 100k-entry pair took
+    3.5 s, as if written serially; at 1 ms the writer still spent 2.7 s on 1.75 s of
+    deflate; at 0.1 ms (``SWITCH_INTERVAL_S``, while the thread runs; the caller's interval
+    is restored) 2.3 s, and the encoding, not the deflate, sets the pace."""
 
     def __init__(self, fh):
         self.queue, self.error = queue.Queue(maxsize=3), None
