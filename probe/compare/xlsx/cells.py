@@ -263,17 +263,24 @@ def _float_runs(columns: list, prefixes: list) -> dict:
     return runs
 
 
-def _run_cells(block: np.ndarray, pre: dict, styles: list) -> tuple[list, list]:
-    """Per row, the cells of a run of float columns (``block``: rows x columns) and their
-    CSV fields joined by commas, out of one orjson text per row style: the numbers are
-    formatted in C, and the commas between them become the XML between cells by
-    ``str.replace`` (a NaN is an empty cell, as ``cell_body`` writes it)."""
-    m = len(block)
-    if not m:
-        return [], []
+def _rows_by_style(styles: list) -> dict:
+    """Row style -> its rows (positions in ``styles``), in order; one style: all of them."""
+    if not styles or styles.count(styles[0]) == len(styles):
+        return {styles[0] if styles else None: range(len(styles))}
     by_style: dict = {}
     for r, style in enumerate(styles):
         by_style.setdefault(style, []).append(r)
+    return by_style
+
+
+def _run_cells(block: np.ndarray, pre: dict, by_style: dict) -> tuple[list, list]:
+    """Per row, the cells of a run of float columns (``block``: rows x columns) and their
+    CSV fields joined by commas, out of one orjson text per row style (``by_style``: its
+    rows): the numbers are formatted in C, and the commas between them become the XML
+    between cells by ``str.replace`` (a NaN is an empty cell, as ``cell_body`` writes it)."""
+    m = len(block)
+    if not m:
+        return [], []
     cells: list = [None] * m
     fields: list = [None] * m
     for style, rows in by_style.items():
@@ -304,6 +311,7 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
     m = len(columns[0]) if columns else 0
     st = styles if styles else [None] * m
     runs = _float_runs(columns, prefixes)
+    by_style = _rows_by_style(st) if runs else {}
     enc: list = []                  # per column (or run): (cells or texts, CSV fields)
     kind, pres = [], []             # kind: 0 cell bodies, 1 float texts, 2 one body, 3 whole cells
     j = 0
@@ -311,7 +319,7 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
         chunk, table, pre = columns[j], shared[j], prefixes[j]
         if j in runs:
             stop = runs[j]
-            enc.append(_run_cells(np.stack(columns[j:stop], axis=1), pre, st))
+            enc.append(_run_cells(np.stack(columns[j:stop], axis=1), pre, by_style))
             kind.append(3)
             pres.append(dict.fromkeys(pre, ""))
             j = stop
