@@ -157,6 +157,7 @@ def _constant(col: list) -> bool:
 
 
 _NULL = "null"
+_NO_STYLE = object()           # rows of several styles
 
 
 def float_texts(col) -> list:
@@ -340,6 +341,10 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
     else:
         seqs = [[f'<row r="{r}">' for r in range(lo + 2, lo + m + 2)]]
     keys = list(prefixes[0]) if prefixes else [None]
+    one = st[0] if m and st.count(st[0]) == m else _NO_STYLE
+
+    def per_row(by_style: dict) -> list:         # each row's text of its style
+        return [by_style[one]] * m if one is not _NO_STYLE else list(map(by_style.__getitem__, st))
     pending = dict.fromkeys(keys, "")
     prev_raw = False
     for pre, (bodies, _), kd in zip(pres, enc, kind):
@@ -348,12 +353,12 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
         if kd == 2:
             pending = {style: t + bodies for style, t in full.items()}
         else:
-            seqs.append(list(map(full.__getitem__, st)))
+            seqs.append(per_row(full))
             seqs.append(bodies)
             pending = dict.fromkeys(keys, "")
         prev_raw = kd == 1
     end = {style: t + ("</v></c>" if prev_raw else "") + "</row>" for style, t in pending.items()}
-    seqs.append(list(map(end.__getitem__, st)))
+    seqs.append(per_row(end))
     xml = "".join(chain.from_iterable(zip(*seqs))).encode("utf-8")
     text = ("\r\n".join(map(",".join, zip(*[f for _, f in enc]))) + "\r\n") if with_csv else ""
     return xml, text.encode("utf-8")
