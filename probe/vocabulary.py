@@ -178,11 +178,27 @@ def parse_entry_name(name: str) -> Optional[EntryName]:
         head, _, last = name.rpartition(".")
         if last == FORWARD or last == BACKWARD:
             base, _, index = head.rpartition(".")
-            prefix, _, api = base.partition(".")
-            if index.isdigit() and api and prefix != MODULE and _PREFIX_OK(prefix) and ".." not in base \
-                    and not api.endswith(".") and not _ROW_MARK.search(base):
-                return EntryName(prefix, api, int(index), last)
+            api = _api_bases.get(base)
+            if api is None:
+                api = _api_base(base)
+            if api and index.isdigit():
+                return EntryName(api[0], api[1], int(index), last)
     return _parse_cached(name)
+
+
+_api_bases: dict = {}       # "Prefix.api" -> (prefix, api), or () where the fast path can't read it
+
+
+def _api_base(base: str) -> tuple:
+    """(prefix, api) of an API call's base without its counter (``Functional.linear``),
+    worked out once per API: a dump's 100k names have a few hundred."""
+    prefix, _, api = base.partition(".")
+    ok = api and prefix != MODULE and _PREFIX_OK(prefix) and ".." not in base \
+        and not api.endswith(".") and not _ROW_MARK.search(base)
+    parts = (prefix, api) if ok else ()
+    if len(_api_bases) < 1 << 16:
+        _api_bases[base] = parts
+    return parts
 
 
 _PREFIX_OK = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z").match
