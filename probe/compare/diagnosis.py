@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import chain
 
 import msgspec
 import numpy as np
@@ -696,16 +697,20 @@ def _round_fp16(x):
 _CASTS = {"torch.bfloat16": _round_bf16, "torch.float16": _round_fp16}
 
 
-def _cast_keys(outputs: list, into: set) -> None:
-    """Add to ``into`` what each output (dtype, shape, max, min) reads as after a cast to
-    another low-precision dtype, the extremes rounded in one numpy pass per dtype."""
-    import numpy as np
-    mx = np.array([o[2] for o in outputs], dtype=np.float64)
-    mn = np.array([o[3] for o in outputs], dtype=np.float64)
-    for dtype, rnd in _CASTS.items():
-        for (d, shape, _, _), x, y in zip(outputs, rnd(mx).tolist(), rnd(mn).tolist()):
-            if d != dtype:
-                into.add((dtype, shape, x, y))
+def _key_ids(table: np.ndarray) -> tuple[np.ndarray, int]:
+    """Per row of ``table`` (rows x k float64), an id shared by the rows of the same bytes;
+    and how many there are."""
+    keys = np.ascontiguousarray(table).view(f"V{table.itemsize * table.shape[1]}").ravel()
+    uniq, ids = np.unique(keys, return_inverse=True)
+    return ids.reshape(-1), len(uniq)
+
+
+def _first_before(ids: np.ndarray, n_ids: int, pos: np.ndarray, src: np.ndarray, ask: np.ndarray) -> np.ndarray:
+    """For the ``ask`` rows: whether a ``src`` row with the same id comes before them
+    (``pos``: the rows' order)."""
+    first = np.full(n_ids, len(pos), dtype=np.int64)
+    np.minimum.at(first, ids[src], pos[src])
+    return first[ids[ask]] < pos[ask]
 
 
 def _state(result, calls, errors, facts: _RowFacts) -> State:
@@ -714,41 +719,46 @@ def _state(result, calls, errors, facts: _RowFacts) -> State:
     A tensor's identity is not in the dump; its (dtype, shape, statistics) are, and an
     output and the later input it feeds carry the same ones exactly, or, through a cast
     that is not dumped (HF's softmax output ``.to(bf16)``), the same shape and the
-    extremes rounded to the new dtype (worked out only once a low-precision input asks,
-    for the outputs before it: never in an fp32 run)."""
-    produced: set = set()
-    cast: set = set()
-    pending: list = []
-    differing: list = []
-    compared = 0
+    extremes rounded to the new dtype. The step's forward tensors are taken in call
+    order at once: an input is produced when an output with its key comes before it."""
     pairs = result.pairs
-    stats = facts.npu_stats                        # each row's statistics as one bytes key
-    keys = np.ascontiguousarray(stats).view(f"V{stats.itemsize * stats.shape[1]}").ravel().tolist()
-    for u in calls:
-        if u.direction != "forward" or u.phase == "optimizer":
+    seq = np.fromiter(chain.from_iterable(u.rows for u in calls if u.direction == "forward"
+                                          and u.phase != "optimizer"), dtype=np.int64)
+    io = facts.npu_io[seq]
+    keep = facts.npu_tensor[seq] & (io >= _IO_CODE["input"]) & (io <= _IO_CODE["output"])
+    seq, out = seq[keep], io[keep] == _IO_CODE["output"]
+    rows = [pairs[i].npu for i in seq.tolist()]
+    dtype, dtypes = _codes([r.dtype for r in rows])
+    shape, _ = _codes([r.shape for r in rows])
+    stats = facts.npu_stats[seq]
+    err = np.array([np.nan if e is None else e for e in map(errors.__getitem__, seq.tolist())], dtype=np.float64)
+    pos = np.arange(len(seq))
+    ids, n_ids = _key_ids(np.column_stack([dtype, shape, stats]))
+    todo = ~out & facts.paired[seq] & ~np.isnan(err)
+    todo[todo] = ~_first_before(ids, n_ids, pos, out, todo)
+    for name, rnd in _CASTS.items():        # a cast that is not dumped: rounded extremes
+        code = dtypes.get(name)             # (an id: compared with the float64 ids as a number)
+        ask = todo & (dtype == code) & ~np.isnan(stats[:, :2]).any(axis=1) if code is not None else None
+        if ask is None or not ask.any():
             continue
-        for i in u.rows:
-            a = pairs[i].npu
-            if a is None or a.kind != "tensor":
-                continue
-            if a.io in ("input", "parameters"):
-                if (a.dtype, a.shape, keys[i]) in produced or pairs[i].bench is None or errors[i] is None:
-                    continue
-                if a.dtype in _CASTS:
-                    if pending:
-                        _cast_keys([(pairs[j].npu.dtype, pairs[j].npu.shape, *stats[j, :2].tolist())
-                                    for j in pending], cast)
-                        pending = []
-                    if (a.dtype, a.shape, *stats[i, :2].tolist()) in cast:
-                        continue
-                compared += 1
-                if errors[i] > 0:
-                    differing.append(OutsideInput(a.name, a.shape, errors[i], u.module))
-            elif a.io == "output":
-                produced.add((a.dtype, a.shape, keys[i]))
-                pending.append(i)
-    differing.sort(key=lambda o: -o.error)
-    return State(differing, compared)
+        src = out & (dtype != code)
+        with np.errstate(over="ignore", invalid="ignore"):
+            cast = np.column_stack([shape, rnd(stats[:, 0]) + 0.0, rnd(stats[:, 1]) + 0.0])   # (+0.0: -0 is 0)
+        table = np.where(ask[:, None], np.column_stack([shape, stats[:, 0] + 0.0, stats[:, 1] + 0.0]), cast)
+        cid, n_cid = _key_ids(table)
+        todo[ask] = ~_first_before(cid, n_cid, pos, src, ask)
+    differ = np.flatnonzero(todo & (err > 0))
+    modules = [calls[u].module for u in facts.unit[seq[differ]].tolist()]
+    made = [OutsideInput(rows[k].name, rows[k].shape, e, m)            # in call order, then
+            for k, e, m in zip(differ.tolist(), err[differ].tolist(), modules)]
+    largest_first = np.argsort(-err[differ], kind="stable").tolist()   # largest error first
+    return State(list(map(made.__getitem__, largest_first)), int(todo.sum()))
+
+
+def _codes(values: list) -> tuple[np.ndarray, dict]:
+    """Per value, the id of its distinct value (float64, to stand in a key table), and the ids."""
+    ids = {v: k for k, v in enumerate(dict.fromkeys(values))}
+    return np.array(list(map(ids.__getitem__, values)), dtype=np.float64), ids
 
 
 def _drift(calls) -> Drift:
