@@ -10,6 +10,8 @@ import shutil
 import time
 from collections import Counter
 
+import numpy as np
+
 from .engine import PERCENT_COLUMNS, CompareResult, load_stacks
 from . import summary_json
 from .html_report import user_frame
@@ -98,15 +100,21 @@ _DIAG_WIDTHS = [7, 10, 44, 44, 14, 28, 12, 12, 10, 10, 10, 11, 12, 12, 11, 13, 1
 _STATUS_STYLE = {"introduces": "error", "inherits": "warning"}
 
 
-def _plot(x):
+def _numbers(values) -> np.ndarray:
+    """A number column of the Diagnosis sheet, as float64 (the writer's fast path): NaN,
+    an empty cell, for None and the infinities (a spreadsheet has none: 'inf' would be a
+    text that sorts and filters as text)."""
+    column = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    column[~np.isfinite(column)] = np.nan
+    return column
+
+
+def _plot(values) -> np.ndarray:
     """Chart cells: the log axis cannot show 0 or infinity, so those are gaps."""
-    return x if isinstance(x, float) and 0 < x < float("inf") else None
-
-
-def _number(x):
-    """A number cell, or an empty one: a spreadsheet has no infinity (it would be the text
-    'inf', which sorts and filters as text)."""
-    return None if isinstance(x, float) and not math.isfinite(x) else x
+    column = _numbers(values)
+    with np.errstate(invalid="ignore"):
+        column[~(column > 0)] = np.nan
+    return column
 
 
 def diagnosis_sheet(diag) -> Sheet:
@@ -117,15 +125,15 @@ def diagnosis_sheet(diag) -> Sheet:
     judged = [u.output_error is not None for u in calls]
     cols = [[u.index + 1 for u in calls], [u.direction for u in calls],
             [u.npu_entry for u in calls], [u.bench_entry for u in calls], [u.match for u in calls],
-            [u.module for u in calls], [_number(u.input_error) for u in calls],
-            [_number(u.output_error) for u in calls],
-            [_number(u.jump) if j else None for u, j in zip(calls, judged)],
-            [_number(u.threshold) if j else None for u, j in zip(calls, judged)],
-            [_number(u.noise) for u in calls], [u.status for u in calls],
-            [_number(u.local.local) if u.local is not None else None for u in calls],
-            [_number(u.local.correct) if u.local is not None else None for u in calls],
-            [_number(u.one_minus_cos) for u in calls], [_number(u.max_rel) for u in calls],
-            [_plot(u.output_error) for u in calls], [_plot(u.input_error) for u in calls]]
+            [u.module for u in calls], _numbers([u.input_error for u in calls]),
+            _numbers([u.output_error for u in calls]),
+            _numbers([u.jump if j else None for u, j in zip(calls, judged)]),
+            _numbers([u.threshold if j else None for u, j in zip(calls, judged)]),
+            _numbers([u.noise for u in calls]), [u.status for u in calls],
+            _numbers([u.local.local if u.local is not None else None for u in calls]),
+            _numbers([u.local.correct if u.local is not None else None for u in calls]),
+            _numbers([u.one_minus_cos for u in calls]), _numbers([u.max_rel for u in calls]),
+            _plot([u.output_error for u in calls]), _plot([u.input_error for u in calls])]
     styles = [_STATUS_STYLE.get(u.status) for u in calls]
     return Sheet("Diagnosis", DIAG_HEADER, cols, styles, _DIAG_WIDTHS)
 
