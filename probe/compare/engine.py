@@ -301,10 +301,18 @@ class Table:
 
     def find(self, i: int, level: str, text: str):
         """A finding on row ``i``; the usual one-finding row needs no Verdict object."""
-        if i in self.verdicts or self.levels[i] is not None:
-            self.verdict(i).add(level, text)
-        else:
-            self.levels[i], self.messages[i] = level, (f"{level}: {text}" if level != PASS else text)
+        self.find_many((i,), level, (text,))
+
+    def find_many(self, rows: list, level: str, texts: list):
+        """``find`` of one level on many rows (the statistics judge's hundreds of thousands):
+        rows with no finding yet get theirs at once."""
+        have, messages, verdicts = self.levels, self.messages, self.verdicts
+        head = f"{level}: " if level != PASS else ""
+        for i, text in zip(rows, texts):
+            if have[i] is None and i not in verdicts:
+                have[i], messages[i] = level, head + text
+            else:
+                self.verdict(i).add(level, text)
 
     def close(self):
         """The one-sided rows' findings, then the Result and Err_message columns."""
@@ -459,17 +467,17 @@ def _judge_by_statistics(t: Table, stat_rows: list):
     common = np.isfinite(ns).all(axis=1) & np.isfinite(bs).all(axis=1) & ~exact     # kept cheap
     ratios = ratio.tolist()
     t.cols[ERR_TOLERANCE][np.asarray(rows_i, dtype=np.int64)[common]] = ratio[common]
-    tails: dict = {}          # id(tolerance) -> ratio_finding's constant ends
-    for k in np.flatnonzero(common & (ratio > 1.0)).tolist():
-        r, tol = ratios[k], tols[k]
-        tail = tails.get(id(tol))
-        if tail is None:
-            tail = tails[id(tol)] = vd.ratio_tails(tol, "statistics off by")
-        # vd.ratio_finding(r, tol, "statistics off by"), inlined
-        if r > vd.ERROR_FACTOR:
-            t.find(rows_i[k], "error", "statistics off by " + format(r, ".3g") + tail[1])
-        else:
-            t.find(rows_i[k], "warning", "statistics off by " + format(r, ".3g") + tail[0])
+    # vd.ratio_finding(r, tol, "statistics off by") of each row beyond its tolerance, made
+    # per tolerance class and level (a few) with the text's constant ends joined once
+    hit = common & (ratio > 1.0)
+    for tol in {id(x): x for x in tols}.values():
+        mine = np.fromiter((x is tol for x in tols), dtype=bool, count=len(tols))
+        for level, tail, sel in zip(("warning", "error"), vd.ratio_tails(tol, "statistics off by"),
+                                    (ratio <= vd.ERROR_FACTOR, ratio > vd.ERROR_FACTOR)):
+            ks = np.flatnonzero(hit & mine & sel).tolist()
+            if ks:
+                t.find_many([rows_i[k] for k in ks], level,
+                            ["statistics off by " + format(ratios[k], ".3g") + tail for k in ks])
     for k in np.flatnonzero(~common).tolist():
         _judge_uncommon(t, rows_i[k], ns[k], bs[k], ratios[k], bool(exact[k]), tols[k])
 
