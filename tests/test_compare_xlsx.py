@@ -172,3 +172,33 @@ def test_float_array_columns_write_as_lists_do(tmp_path, monkeypatch):
     ws = openpyxl.load_workbook(tmp_path / "arrays.xlsx")["rows"]
     assert ws.cell(2 + 1, 2).value == arrays[0][1] and ws.cell(2, 2).value is None
     assert ws.cell(2 + 3, 7).value == "inf" and ws.cell(2 + 1, 4).number_format.endswith("%")
+
+
+def test_diagnosis_sheet_leaves_blank_what_a_spreadsheet_cannot_hold(tmp_path):
+    """The Diagnosis sheet's number columns are float arrays: None and the infinities are
+    empty cells (a spreadsheet has no infinity), and the chart's columns also leave 0 out
+    (a log axis cannot show it); finite numbers are written as they are."""
+    from types import SimpleNamespace
+
+    from probe.compare.diagnosis import CallDiag
+    from probe.compare.report import DIAG_HEADER, diagnosis_sheet
+    calls = [CallDiag(0, "forward", "Functional.linear.0.forward", "Functional.linear.0.forward", "exact"),
+             CallDiag(1, "forward", "Functional.gelu.0.forward", "Functional.gelu.0.forward", "exact"),
+             CallDiag(2, "backward", "Functional.gelu.0.backward", None, "unmatched")]
+    calls[0].input_error, calls[0].output_error, calls[0].max_rel = 0.0, 2.5e-3, INF
+    calls[1].input_error, calls[1].output_error, calls[1].noise = INF, 0.0, 1e-6
+    calls[2].status = "unmatched"
+    path = str(tmp_path / "d.xlsx")
+    write_workbook(path, [diagnosis_sheet(SimpleNamespace(calls=calls))])
+    ws = openpyxl.load_workbook(path, read_only=True).worksheets[0]
+    rows = [dict(zip(DIAG_HEADER, r)) for r in ws.iter_rows(min_row=2, values_only=True)]
+    assert [r["#"] for r in rows] == [1, 2, 3]
+    first, second, third = rows
+    assert first["Input Error"] == 0 and first["Output Error"] == 2.5e-3
+    assert first["Jump"] is None                   # 2.5e-3 / 0: infinite
+    assert first["Threshold"] == calls[0].threshold and first["MaxRelativeErr"] is None
+    assert first["Plot Output Error"] == 2.5e-3 and first["Plot Input Error"] is None   # 0: a gap
+    assert second["Input Error"] is None and second["Output Error"] == 0 and second["Noise"] == 1e-6
+    assert second["Jump"] == 0 and second["Plot Output Error"] is None
+    assert third["Output Error"] is None and third["Jump"] is None and third["Threshold"] is None
+    assert third["Status"] == "unmatched"

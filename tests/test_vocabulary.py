@@ -76,3 +76,21 @@ def test_columns_come_from_the_statistics():
     assert v.STAT_DIFFS[:4] == ["Max diff", "Min diff", "Mean diff", "L2norm diff"]
     cols = v.columns_for("statistics", stack_mode=True)
     assert cols.index("NPU_Stack_Info") == cols.index("Err_message") + 1 and cols[-1] == "Match"
+
+
+def test_the_fast_path_answers_as_the_grammar_whatever_came_before():
+    """An API call's name is read from its end, its base (Prefix.api) checked once per API;
+    a name whose base the fast path refuses goes the general way. The answers do not
+    depend on which names were parsed before (the per-API memo)."""
+    names = ["Functional.linear.3.forward", "Functional.linear.x.forward", "Functional..0.forward",
+             "Functional.a..b.0.forward", "Functional.a.forward.b.0.forward", "Tensor.add.forward.0.forward",
+             "Module.a.Linear.0.forward", "1x.linear.0.forward", "Functional.linear.3.forward.input.0",
+             "Functional.linear.", "Torch.linalg.norm.0.backward", "Functional.linear.0.backward"]
+    cold = [parse_entry_name(n) for n in names]
+    warm = [parse_entry_name(n) for n in reversed(names)][::-1]
+    assert cold == warm
+    assert cold[0] == EntryName("Functional", "linear", 3, "forward")
+    assert cold[1] is None and cold[2] is None and cold[3] is None and cold[7] is None
+    assert cold[5] == EntryName("Tensor", "add.forward", 0, "forward")
+    assert cold[8] == EntryName("Functional", "linear", 3, "forward", "input", "0")
+    assert cold[10] == EntryName("Torch", "linalg.norm", 0, "backward")
