@@ -738,8 +738,10 @@ def _state(result, calls, errors, facts: _RowFacts) -> State:
     todo[todo] = ~_first_before(ids, n_ids, pos, out, todo)
     for name, rnd in _CASTS.items():        # a cast that is not dumped: rounded extremes
         code = dtypes.get(name)             # (an id: compared with the float64 ids as a number)
-        ask = todo & (dtype == code) & ~np.isnan(stats[:, :2]).any(axis=1) if code is not None else None
-        if ask is None or not ask.any():
+        if code is None:
+            continue
+        ask = todo & (dtype == code) & ~np.isnan(stats[:, :2]).any(axis=1)
+        if not ask.any():
             continue
         src = out & (dtype != code)
         with np.errstate(over="ignore", invalid="ignore"):

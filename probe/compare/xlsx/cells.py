@@ -312,7 +312,7 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
     m = len(columns[0]) if columns else 0
     st = styles if styles else [None] * m
     runs = _float_runs(columns, prefixes)
-    by_style = _rows_by_style(st) if runs else {}
+    by_style = _rows_by_style(st)
     enc: list = []                  # per column (or run): (cells or texts, CSV fields)
     kind, pres = [], []             # kind: 0 cell bodies, 1 float texts, 2 one body, 3 whole cells
     j = 0
@@ -341,7 +341,7 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
     else:
         seqs = [[f'<row r="{r}">' for r in range(lo + 2, lo + m + 2)]]
     keys = list(prefixes[0]) if prefixes else [None]
-    one = st[0] if m and st.count(st[0]) == m else _NO_STYLE
+    one = next(iter(by_style)) if m and len(by_style) == 1 else _NO_STYLE
 
     def per_row(by_style: dict) -> list:         # each row's text of its style
         return [by_style[one]] * m if one is not _NO_STYLE else list(map(by_style.__getitem__, st))
