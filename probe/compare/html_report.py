@@ -16,6 +16,7 @@ import json
 import os
 import re
 from importlib import resources
+from itertools import chain
 
 import numpy as np
 import orjson
@@ -203,21 +204,19 @@ def page_data(result, diag, digest, files: dict | None = None) -> bytes:
     calls = diag.calls if diag is not None else []
     n = result.n_rows
     row_call = np.full(n, -1, dtype=np.int32)
-    for k, u in enumerate(calls):
-        row_call[u.rows] = k
+    sizes = [len(u.rows) for u in calls]
+    row_call[np.fromiter(chain.from_iterable(u.rows for u in calls), np.int64, sum(sizes))] = \
+        np.repeat(np.arange(len(calls), dtype=np.int32), sizes)
     names, benches = cols["NPU Name"], cols["Bench Name"]
-    rc = row_call.tolist()
-    suffix = _Codes()
-    x, side = np.empty(n, np.int32), np.zeros(n, np.uint8)
-    npu_entry = [u.npu_entry for u in calls]
-    bench_entry = [u.bench_entry for u in calls]
-    for i, (name, c) in enumerate(zip(names, rc)):
-        if name is None:
-            name, side[i] = benches[i] or "", 1
-            base = bench_entry[c] if c >= 0 else None
-        else:
-            base = npu_entry[c] if c >= 0 else None
-        x[i] = suffix(name[len(base):] if base and name.startswith(base) else name)
+    # each row's name after its call's entry name (".input.0"): a few hundred texts, coded
+    npu_entry = [u.npu_entry for u in calls] + [None]          # [-1]: a row of no call
+    bench_entry = [u.bench_entry for u in calls] + [None]
+    named = [(name, npu_entry[c]) if name is not None else (bench or "", bench_entry[c])
+             for name, bench, c in zip(names, benches, row_call.tolist())]
+    texts = [name[len(base):] if base and name.startswith(base) else name for name, base in named]
+    suffix = {t: k for k, t in enumerate(dict.fromkeys(texts))}
+    x = np.fromiter(map(suffix.__getitem__, texts), np.int32, n)
+    side = np.fromiter((name is None for name in names), np.uint8, n)
     dtypes, dt = _codes([a if a is not None else b for a, b in zip(cols["NPU Dtype"], cols["Bench Dtype"])])
     dtypes = [_dtype_label(d) for d in dtypes]     # a few kinds: labelled once each
     shapes, sh = _codes([str(a if a is not None else b) for a, b in
@@ -239,7 +238,7 @@ def page_data(result, diag, digest, files: dict | None = None) -> bytes:
                        "calls": digest["calls"] if digest else None},
             "diagnosed": diag is not None,
             "verdict": _verdict(result, digest, calls),
-            "status": STATUS, "results": results, "dirs": dirs, "suffix": suffix.items,
+            "status": STATUS, "results": results, "dirs": dirs, "suffix": list(suffix),
             "dtypes": dtypes, "shapes": shapes, "metrics": metrics,
             "groups": gpaths, "group_kind": gkind, "files": files or {}},
         "calls": {
