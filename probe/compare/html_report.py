@@ -208,14 +208,18 @@ def page_data(result, diag, digest, files: dict | None = None) -> bytes:
     row_call[np.fromiter(chain.from_iterable(u.rows for u in calls), np.int64, sum(sizes))] = \
         np.repeat(np.arange(len(calls), dtype=np.int32), sizes)
     names, benches = cols["NPU Name"], cols["Bench Name"]
-    # each row's name after its call's entry name (".input.0"): a few hundred texts, coded
     npu_entry = [u.npu_entry for u in calls] + [None]          # [-1]: a row of no call
     bench_entry = [u.bench_entry for u in calls] + [None]
-    named = [(name, npu_entry[c]) if name is not None else (bench or "", bench_entry[c])
-             for name, bench, c in zip(names, benches, row_call.tolist())]
-    texts = [name[len(base):] if base and name.startswith(base) else name for name, base in named]
-    suffix = {t: k for k, t in enumerate(dict.fromkeys(texts))}
-    x = np.fromiter(map(suffix.__getitem__, texts), np.int32, n)
+
+    def suffixes():         # each row's name after its call's entry name (".input.0")
+        for name, bench, c in zip(names, benches, row_call.tolist()):
+            if name is None:
+                name, base = bench or "", bench_entry[c]
+            else:
+                base = npu_entry[c]
+            yield name[len(base):] if base and name.startswith(base) else name
+    suffix: dict = {}       # a few hundred texts, coded in order of first appearance
+    x = np.fromiter((suffix.setdefault(t, len(suffix)) for t in suffixes()), np.int32, n)
     side = np.fromiter((name is None for name in names), np.uint8, n)
     dtypes, dt = _codes([a if a is not None else b for a, b in zip(cols["NPU Dtype"], cols["Bench Dtype"])])
     dtypes = [_dtype_label(d) for d in dtypes]     # a few kinds: labelled once each
