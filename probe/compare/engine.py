@@ -14,6 +14,7 @@ import os
 import sys
 from array import array
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
@@ -76,14 +77,17 @@ def _read_side(path: str) -> Side:
     store = array("d")                 # the side's statistics (Row.stats)
     for name, entry in read_dump(path, meta, typed=True):
         rows.extend(flatten(name, entry, store))
-    tensors = [r for r in rows if r.kind == "tensor"]
-    if tensors and any(r.data_name for r in tensors):
+    # only tensor rows hold a data_name or an md5 (in C: two passes over 300k rows, not three in Python)
+    if any(map(_DATA_NAME, rows)):
         mode = "tensor"
-    elif tensors and any(r.md5 for r in tensors):
+    elif any(map(_MD5, rows)):
         mode = "md5"
     else:
         mode = "statistics"
     return Side(path, meta, rows, mode)
+
+
+_DATA_NAME, _MD5 = attrgetter("data_name"), attrgetter("md5")
 
 
 def choose_mode(npu: Side, bench: Side, notes: list) -> str:
