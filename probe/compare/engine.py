@@ -256,11 +256,11 @@ class Table:
         B = [p.bench for p in pairs]
         shape_text = _Memo(lambda s: str(list(s)))
         for side, rows in (("NPU", A), ("Bench", B)):
-            cols[f"{side} Name"] = [r.name if r is not None else None for r in rows]
-            cols[f"{side} Dtype"] = [r.dtype if r is not None else None for r in rows]
+            cols[f"{side} Name"] = _field(rows, "name")
+            cols[f"{side} Dtype"] = _field(rows, "dtype")
             cols[f"{side} Tensor Shape"] = [None if r is None or r.kind == "none" else
                                              shape_text[r.shape] for r in rows]
-            cols[f"{side} Requires_grad"] = [r.requires_grad if r is not None else None for r in rows]
+            cols[f"{side} Requires_grad"] = _field(rows, "requires_grad")
         cols["Direction"] = list(map(_Memo(direction).__getitem__,
                                      [(a or b).entry for a, b in zip(A, B)]))
         cols["Match"] = [p.align for p in pairs]
@@ -327,6 +327,16 @@ class Table:
         for i, v in self.verdicts.items():
             result[i], message[i] = v.level, v.text()
         self.cols["Result"], self.cols["Err_message"] = result, message
+
+
+def _field(rows: list, name: str) -> list:
+    """One field of each row, None where the side has no row (read in C while every row
+    is there, as in most pairs)."""
+    get = attrgetter(name)
+    try:
+        return list(map(get, rows))
+    except AttributeError:          # a None among them
+        return [get(r) if r is not None else None for r in rows]
 
 
 def _one_sided(t: Table):
