@@ -15,6 +15,7 @@ import sys
 from array import array
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import Sequence
 
 import numpy as np
 
@@ -307,7 +308,7 @@ class Table:
         """A finding on row ``i``; the usual one-finding row needs no Verdict object."""
         self.find_many((i,), level, (text,))
 
-    def find_many(self, rows: list, level: str, texts: list):
+    def find_many(self, rows: Sequence[int], level: str, texts: Sequence[str]):
         """``find`` of one level on many rows (the statistics judge's hundreds of thousands):
         rows with no finding yet get theirs at once."""
         have, messages, verdicts = self.levels, self.messages, self.verdicts
@@ -486,9 +487,9 @@ def _judge_by_statistics(t: Table, stat_rows: list):
     hit = common & (ratio > 1.0)
     for tol in {id(x): x for x in tols}.values():
         mine = np.fromiter((x is tol for x in tols), dtype=bool, count=len(tols))
-        for level, tail, sel in zip(("warning", "error"), vd.ratio_tails(tol, "statistics off by"),
-                                    (ratio <= vd.ERROR_FACTOR, ratio > vd.ERROR_FACTOR)):
-            ks = np.flatnonzero(hit & mine & sel).tolist()
+        for level, tail, how_far in zip(("warning", "error"), vd.ratio_tails(tol, "statistics off by"),
+                                        (ratio <= vd.ERROR_FACTOR, ratio > vd.ERROR_FACTOR)):
+            ks = np.flatnonzero(hit & mine & how_far).tolist()
             if ks:
                 t.find_many([rows_i[k] for k in ks], level,
                             ["statistics off by " + format(ratios[k], ".3g") + tail for k in ks])
