@@ -377,3 +377,39 @@ def test_struct_and_dict_reads_flatten_alike(tmp_path):
     assert ("Functional.op.1.forward.input.0.nested.b.0", "tensor") in kinds        # the dict argument
     assert ("Module.fc.Linear.parameters_grad.weight", "tensor") in kinds
     assert ("Functional.op.0.forward.input.dim", "value") in kinds
+
+
+def test_a_nan_output_against_an_overflowing_norm_is_an_infinite_error(tmp_path):
+    """float64 outputs whose norms overflow on both sides (EucDist and Bench l2norm inf)
+    have no relative error to divide out; NaN on the NPU side only then makes the error
+    infinite, by the rule for NaN/Inf on one side, and the call is named."""
+    from probe.compare.diagnosis import diagnose
+    npu = np.array([np.nan, 1e150, 1e150, 1e150])
+    bench = np.array([1.0, -1e200, -1e200, -1e200])
+    f64 = {("Functional.mul.0.forward", 0): "torch.float64"}
+    df, r = run(tmp_path, {"Functional.mul.0.forward": [npu]}, {"Functional.mul.0.forward": [bench]},
+                npu_dtypes=f64, bench_dtypes=f64)
+    row = df.loc["Functional.mul.0.forward.output.0"]
+    assert row["Result"] == "error" and math.isinf(row["Bench l2norm"])
+    d = diagnose(r, replay=False)
+    (call,) = d.calls
+    assert call.status == "introduces" and call.output_error == math.inf
+    assert d.forward is not None and d.forward.call is call
+
+
+def test_a_one_sided_row_with_a_shape_of_no_numbers_is_listed(tmp_path):
+    """A row only one side has is listed unmatched whatever its shape holds (it is never
+    measured, so its shape is never multiplied out)."""
+    leaf = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": 1.0, "Min": -1.0,
+            "Mean": 0.0, "Norm": 2.0, "requires_grad": False}
+    odd = dict(leaf, shape=[None, 4])
+    entry = {"input_args": [leaf], "input_kwargs": {}, "output": [leaf]}
+    a = write_dump(str(tmp_path / "npu"), {}, task="statistics", extra_entries={"Functional.linear.0.forward": entry})
+    b = write_dump(str(tmp_path / "bench"), {}, task="statistics", extra_entries={
+        "Functional.linear.0.forward": dict(entry, input_args=[leaf, odd])})
+    paths = compare({"npu_json_path": a, "bench_json_path": b}, str(tmp_path / "out"))
+    csv_path = next(p for p in paths if p.endswith(".csv"))
+    rows = pd.read_csv(csv_path, keep_default_na=False)
+    extra = rows[rows["Bench Name"] == "Functional.linear.0.forward.input.1"]
+    assert len(extra) == 1 and extra["NPU Name"].iloc[0] == ""
+    assert "no NPU row matched" in extra["Err_message"].iloc[0]

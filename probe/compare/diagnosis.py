@@ -312,8 +312,8 @@ def row_errors(result, facts: _RowFacts) -> list:
     else:
         by_stats = np.zeros(len(err), dtype=bool)
         for i in np.flatnonzero(rest).tolist():
-            if mode == "tensor":
-                euc, norm = _f(cols["EucDist"][i]), _f(cols["Bench l2norm"][i])
+            if mode == "tensor":     # (an overflowing norm on both sides, inf / inf, is not
+                euc, norm = _f(cols["EucDist"][i]), _f(cols["Bench l2norm"][i])   # a number: below)
                 if euc is not None and norm is not None and not math.isnan(euc):
                     err[i] = euc / norm if norm > 0 else (0.0 if euc == 0 else math.inf)
             elif mode == "md5" and cols["NPU MD5"][i] is not None and cols["NPU MD5"][i] == cols["BENCH MD5"][i]:
@@ -327,7 +327,8 @@ def row_errors(result, facts: _RowFacts) -> list:
                           for t in map(tol_dtype.__getitem__, rows.tolist())])
         err[rows] = stat_errors(facts.npu_stats[rows], facts.bench_stats[rows], facts.bench_numel[rows], floor)
     # NaN/Inf on one side only: an infinite error (a shape or dtype mismatch with finite
-    # numbers is not measured, nor is a NaN both sides hold)
+    # numbers is not measured, nor is a NaN both sides hold, nor an error of inf / inf
+    # where both sides' norms overflow and their statistics are alike non-finite)
     left = np.flatnonzero(rest & np.isnan(err))
     if len(left):
         one_sided = (np.isfinite(facts.npu_stats[left]) != np.isfinite(facts.bench_stats[left])).any(axis=1)
@@ -379,8 +380,9 @@ class _RowFacts:
         paired = np.array([a is not None and b is not None for a, b in zip(A, B)], dtype=bool)
         same_shape = np.array([a is not None and b is not None and a.shape == b.shape for a, b in zip(A, B)],
                               dtype=bool)
-        bench_numel = np.array([numel(b.shape) if b is not None and b.kind == "tensor" else 0 for b in B],
-                               dtype=np.float64)
+        # paired rows only: a one-sided row's shape is never multiplied (it may not be numbers)
+        bench_numel = np.array([numel(b.shape) if a is not None and b is not None and b.kind == "tensor" else 0
+                                for a, b in zip(A, B)], dtype=np.float64)
         npu_stats, bench_stats = stats_of(A), stats_of(B)
         taken = paired & bench_tensor
         part = np.where(paired & (npu_io >= _IO_CODE["output"]), _OUT,
