@@ -4,7 +4,8 @@
 
 The tests' tiny GPT-2 (d=64, 2 layers, dropout off) trains on the GPU with TF32 matrix
 units on and on the CPU in float32, from the same weights and data, both dumped at L1; a
-third run on the GPU multiplies the second F.gelu output of its first step by 1.05. Each
+third run on the GPU has the demo's kernel fault in its first step (the first gelu
+kernel's output x1.05, ``probe.demo.KernelFault``: Functional.gelu.0.forward). Each
 step pair is compared with its diagnosis, in statistics and in tensor mode; printed per
 step: the seconds the compare took, the call it names first and its verdict. Asserts
 nothing: what a user of two devices sees. Without CUDA it says so and stops.
@@ -18,8 +19,6 @@ import tempfile
 import time
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
@@ -27,22 +26,7 @@ from models import make_gpt, train_step  # noqa: E402
 
 from probe import PrecisionDebugger  # noqa: E402
 from probe.compare.pair_job import compare_pair  # noqa: E402
-
-
-class GeluFault(TorchFunctionMode):
-    """The second F.gelu call's output x1.05 (a kernel fault)."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is F.gelu:
-            self.seen += 1
-            if self.seen == 2:
-                return out * 1.05
-        return out
+from probe.demo import KernelFault  # noqa: E402
 
 
 def train(device: str, root: str, task: str, steps: int, fault: bool) -> None:
@@ -53,7 +37,7 @@ def train(device: str, root: str, task: str, steps: int, fault: bool) -> None:
     dbg = PrecisionDebugger(dump_path=root, task=task, level="L1")
     try:
         for step in range(steps):
-            with GeluFault() if fault and step == 0 else contextlib.nullcontext():
+            with KernelFault() if fault and step == 0 else contextlib.nullcontext():
                 dbg.start()
                 train_step(model, opt, x, y)
                 dbg.stop()

@@ -42,6 +42,7 @@ import numpy as np
 
 from . import draws
 from . import verdict as vd
+from .codes import codes
 from .draws import DrawCheck
 from .local_error import LocalError, Replays
 from .rows import stats_of
@@ -730,18 +731,18 @@ def _state(result, calls, errors, facts: _RowFacts) -> State:
     keep = facts.npu_tensor[seq] & (io >= _IO_CODE["input"]) & (io <= _IO_CODE["output"])
     seq, out = seq[keep], io[keep] == _IO_CODE["output"]
     rows = [pairs[i].npu for i in seq.tolist()]
-    dtype, dtypes = _codes([r.dtype for r in rows])
-    shape, _ = _codes([r.shape for r in rows])
+    dtypes, dtype = codes((r.dtype for r in rows), len(rows))
+    _, shape = codes((r.shape for r in rows), len(rows))
     stats = facts.npu_stats[seq]
     err = np.array([np.nan if e is None else e for e in map(errors.__getitem__, seq.tolist())], dtype=np.float64)
     pos = np.arange(len(seq))
-    ids, n_ids = _key_ids(np.column_stack([dtype, shape, stats]))
+    ids, n_ids = _key_ids(np.column_stack([dtype, shape, stats]))      # (the codes as float64)
     todo = ~out & facts.paired[seq] & ~np.isnan(err)
     todo[todo] = ~_first_before(ids, n_ids, pos, out, todo)
     for name, rnd in _CASTS.items():        # a cast that is not dumped: rounded extremes
-        code = dtypes.get(name)             # (an id: compared with the float64 ids as a number)
-        if code is None:
+        if name not in dtypes:
             continue
+        code = dtypes.index(name)
         ask = todo & (dtype == code) & ~np.isnan(stats[:, :2]).any(axis=1)
         if not ask.any():
             continue
@@ -757,12 +758,6 @@ def _state(result, calls, errors, facts: _RowFacts) -> State:
             for k, e, m in zip(differ.tolist(), err[differ].tolist(), modules)]
     largest_first = np.argsort(-err[differ], kind="stable").tolist()   # largest error first
     return State(list(map(made.__getitem__, largest_first)), int(todo.sum()))
-
-
-def _codes(values: list) -> tuple[np.ndarray, dict]:
-    """Per value, the id of its distinct value (float64, to stand in a key table), and the ids."""
-    ids = {v: k for k, v in enumerate(dict.fromkeys(values))}
-    return np.array(list(map(ids.__getitem__, values)), dtype=np.float64), ids
 
 
 def _drift(calls) -> Drift:

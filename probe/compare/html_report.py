@@ -21,6 +21,7 @@ from itertools import chain
 import numpy as np
 import orjson
 
+from .codes import codes
 from .summary_json import StackLookup
 from probe.errors import ConfigError
 from probe.vocabulary import PAGE_METRICS, PAGE_STATUSES, RUN_VERDICTS
@@ -82,26 +83,6 @@ def _small(arr) -> dict:
     return _b64(arr, "u1" if top < 256 else "u2" if top < 65536 else "i4")
 
 
-def _codes(values) -> tuple:
-    """(distinct values in order of appearance, per value its index as int32)."""
-    index = {v: k for k, v in enumerate(dict.fromkeys(values))}
-    return list(index), np.fromiter(map(index.__getitem__, values), np.int32, len(values))
-
-
-class _Codes:
-    """Repeated texts as indices into one table."""
-
-    def __init__(self):
-        self.index, self.items = {}, []
-
-    def __call__(self, text) -> int:
-        k = self.index.get(text)
-        if k is None:
-            k = self.index[text] = len(self.items)
-            self.items.append(text)
-        return k
-
-
 def _module_path(label: str) -> list:
     """``transformer.h.0.attn.c_attn (Conv1D)`` -> [transformer, h.0, attn, c_attn (Conv1D)]."""
     path, _, cls = label.partition(" (")
@@ -119,16 +100,14 @@ def _module_path(label: str) -> list:
 def _groups(result, calls) -> tuple:
     """Per call a group id, the groups' paths and what they are: modules (construct.json
     of an L0/mix dump) or, for L1, the user's file and function from stack.json."""
-    codes = _Codes()
-    ids = []
     if any(u.module for u in calls):
-        for u in calls:
-            ids.append(codes(tuple(_module_path(u.module)) if u.module else ("(outside any module)",)))
-        return ids, [list(p) for p in codes.items], "module"
+        paths, ids = codes((tuple(_module_path(u.module)) if u.module else ("(outside any module)",)
+                            for u in calls), len(calls))
+        return ids, [list(p) for p in paths], "module"
     stack = StackLookup(result.stack_path)
     frames: dict = {}
-    for u in calls:
-        text = stack(u.npu_entry) or stack(u.bench_entry)
+
+    def frame(text) -> tuple:        # (file, function (line)) of a call's user frame
         key = frames.get(text)
         if key is None:
             f = user_frame(text)
@@ -139,8 +118,9 @@ def _groups(result, calls) -> tuple:
                 file, _, line = where.rpartition(":")
                 key = (os.path.basename(file), f"{func} (line {line})")
             frames[text] = key
-        ids.append(codes(key))
-    return ids, [list(p) for p in codes.items], "stack file"
+        return key
+    paths, ids = codes((frame(stack(u.npu_entry) or stack(u.bench_entry)) for u in calls), len(calls))
+    return ids, [list(p) for p in paths], "stack file"
 
 
 def _verdict(result, digest, calls) -> dict | None:
@@ -218,15 +198,14 @@ def page_data(result, diag, digest, files: dict | None = None) -> bytes:
             else:
                 base = npu_entry[c]
             yield name[len(base):] if base and name.startswith(base) else name
-    suffix: dict = {}       # a few hundred texts, coded in order of first appearance
-    x = np.fromiter((suffix.setdefault(t, len(suffix)) for t in suffixes()), np.int32, n)
+    suffix, x = codes(suffixes(), n)      # a few hundred texts
     side = np.fromiter((name is None for name in names), np.uint8, n)
-    dtypes, dt = _codes([a if a is not None else b for a, b in zip(cols["NPU Dtype"], cols["Bench Dtype"])])
+    dtypes, dt = codes([a if a is not None else b for a, b in zip(cols["NPU Dtype"], cols["Bench Dtype"])])
     dtypes = [_dtype_label(d) for d in dtypes]     # a few kinds: labelled once each
-    shapes, sh = _codes([str(a if a is not None else b) for a, b in
+    shapes, sh = codes([str(a if a is not None else b) for a, b in
                          zip(cols["NPU Tensor Shape"], cols["Bench Tensor Shape"])])
-    results, res = _codes(cols["Result"])
-    dirs, rd = _codes([v or "other" for v in cols["Direction"]])
+    results, res = codes(cols["Result"])
+    dirs, rd = codes([v or "other" for v in cols["Direction"]])
     metrics = [m for m in PAGE_METRICS.get(result.mode, []) if m in cols]
     gids, gpaths, gkind = _groups(result, calls)
     status = {s: k for k, s in enumerate(STATUS)}
@@ -242,7 +221,7 @@ def page_data(result, diag, digest, files: dict | None = None) -> bytes:
                        "calls": digest["calls"] if digest else None},
             "diagnosed": diag is not None,
             "verdict": _verdict(result, digest, calls),
-            "status": STATUS, "results": results, "dirs": dirs, "suffix": list(suffix),
+            "status": STATUS, "results": results, "dirs": dirs, "suffix": suffix,
             "dtypes": dtypes, "shapes": shapes, "metrics": metrics,
             "groups": gpaths, "group_kind": gkind, "files": files or {}},
         "calls": {
@@ -253,7 +232,7 @@ def page_data(result, diag, digest, files: dict | None = None) -> bytes:
             "i": _b64([u.input_error for u in calls], "f8"),
             "o": _b64([u.output_error for u in calls], "f8"),
             "t": _b64([u.threshold if u.output_error is not None else None for u in calls], "f8"),
-            "g": _small(np.asarray(gids, dtype=np.int64))},
+            "g": _small(gids)},
         "rows": {
             "c": _b64(row_call, "i4"), "x": _small(x), "k": _b64(side, "u1"), "r": _small(res),
             "dir": _small(rd), "dt": _small(dt), "sh": _small(sh),

@@ -139,10 +139,11 @@ def _float_column(col) -> tuple[list, list]:
     bodies = list(map(_NUM.__mod__, texts))
     if _NULL in texts:                           # None, NaN or an infinity
         blank_nan = isinstance(col, np.ndarray)
-        for k, t in enumerate(texts):
-            if t == _NULL:
-                v = col[k]
-                bodies[k], texts[k] = (_EMPTY, "") if blank_nan and v != v else (cell_body(v), csv_field(v))
+        odd = np.flatnonzero(~np.isfinite(col)).tolist() if blank_nan else \
+            [k for k, t in enumerate(texts) if t == _NULL]
+        for k in odd:
+            v = float(col[k]) if blank_nan else col[k]
+            bodies[k], texts[k] = (_EMPTY, "") if blank_nan and v != v else (cell_body(v), csv_field(v))
     return bodies, texts
 
 
