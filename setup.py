@@ -1,7 +1,8 @@
 """Build hook for probe's optional C extensions (metadata lives in pyproject.toml).
 
 ``probe.dump._cstats`` computes tensor statistics in one pass; ``probe.dump._cstack``
-reads the key of a call stack. Both are optional: where no C compiler is found the build
+reads the key of a call stack; ``probe.compare.xlsx._cjoin`` joins the rows of the
+compare's workbook and CSV. All are optional: where no C compiler is found the build
 goes on without them and probe uses its Python paths, which give the same results.
 """
 import sys
@@ -16,4 +17,6 @@ _FLAGS = [] if sys.platform == "win32" else [
 setup(ext_modules=[Extension("probe.dump._cstats", ["probe/dump/_cstats.c"],
                              extra_compile_args=_FLAGS, optional=True),
                    Extension("probe.dump._cstack", ["probe/dump/_cstack.c"],
+                             extra_compile_args=_FLAGS, optional=True),
+                   Extension("probe.compare.xlsx._cjoin", ["probe/compare/xlsx/_cjoin.c"],
                              extra_compile_args=_FLAGS, optional=True)])

@@ -13,13 +13,14 @@ PACKAGE = os.path.join(ROOT, "probe")
 
 
 def _modules():
-    """module name -> (file path, is a package's __init__)."""
+    """module name -> (file path, is a package's __init__). A C extension is known by
+    its type stub (``_cjoin.pyi``): a module of its own, importing nothing of probe."""
     out = {}
     for folder, _, files in os.walk(PACKAGE):
         for f in files:
-            if f.endswith(".py"):
+            if f.endswith((".py", ".pyi")):
                 path = os.path.join(folder, f)
-                name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                name = os.path.relpath(path, ROOT).rpartition(".")[0].replace(os.sep, ".")
                 is_init = name.endswith(".__init__")
                 out[name[:-len(".__init__")] if is_init else name] = (path, is_init)
     return out

@@ -6,7 +6,8 @@ took ~7x as long on the 100k-entry compare.
 from __future__ import annotations
 
 import re
-from itertools import chain
+from itertools import chain, repeat
+from typing import Sequence
 
 import numpy as np
 import orjson
@@ -265,101 +266,105 @@ def _float_runs(columns: list, prefixes: list) -> dict:
     return runs
 
 
-def _rows_by_style(styles: list) -> dict:
-    """Row style -> its rows (positions in ``styles``), in order; one style: all of them."""
-    if not styles or styles.count(styles[0]) == len(styles):
-        return {styles[0] if styles else None: range(len(styles))}
-    by_style: dict = {}
-    for r, style in enumerate(styles):
-        by_style.setdefault(style, []).append(r)
-    return by_style
-
-
-def _run_cells(block: np.ndarray, pre: dict, by_style: dict) -> tuple[list, list]:
-    """Per row, the cells of a run of float columns (``block``: rows x columns) and their
-    CSV fields joined by commas, out of one orjson text per row style (``by_style``: its
-    rows): the numbers are formatted in C, and the commas between them become the XML
-    between cells by ``str.replace`` (a NaN is an empty cell, as ``cell_body`` writes it)."""
-    m = len(block)
+def _block_texts(part: tuple, m: int) -> list:
+    """Per row, what ``join_rows`` writes for a block of numbers (``part``: orjson's text
+    of the m x k block, and the cells' openings or None for CSV fields): its commas become
+    the XML between cells by ``str.replace``, one opening at a time."""
     if not m:
-        return [], []
+        return []
+    text, openings = part[0].decode()[2:-2], part[1]          # "a,b],[c,d"
+    if openings is None:
+        return (text.replace("null", "") if "null" in text else text).split("],[")
+    by_opening: dict = {}
+    if type(openings) is str:
+        by_opening[openings] = range(m)
+    else:
+        for r, opening in enumerate(openings):
+            by_opening.setdefault(opening, []).append(r)
+    rows = text.split("],[") if len(by_opening) > 1 else [text]
     cells: list = [None] * m
-    fields: list = [None] * m
-    for style, rows in by_style.items():
-        sub = block if len(rows) == m else block[rows]
-        text = orjson.dumps(sub, option=orjson.OPT_SERIALIZE_NUMPY).decode()[2:-2]     # "a,b],[c,d"
-        gaps = np.isnan(sub).any()
-        opening = pre[style] + "><v>"
-        xml = opening + text.replace("],[", "</v></c>\x00" + opening).replace(",", "</v></c>" + opening) + "</v></c>"
-        if gaps:
-            xml, text = xml.replace("><v>null</v></c>", _EMPTY), text.replace("null", "")
-        if len(rows) == m:
-            return xml.split("\x00"), text.split("],[")
-        for r, x, f in zip(rows, xml.split("\x00"), text.split("],[")):
-            cells[r], fields[r] = x, f
-    return cells, fields
+    for opening, where in by_opening.items():
+        cell = opening + "><v>"
+        sub = "],[".join(rows[r] for r in where) if len(by_opening) > 1 else text
+        xml = cell + sub.replace("],[", "</v></c>\x00" + cell).replace(",", "</v></c>" + cell) + "</v></c>"
+        if "null" in sub:
+            xml = xml.replace("><v>null</v></c>", _EMPTY)
+        for r, x in zip(where, xml.split("\x00")):
+            cells[r] = x
+    return cells
+
+
+def join_rows_py(parts: Sequence, m: int, sep: str, end: str) -> bytes:
+    """``m`` rows, each the texts of ``parts`` in order (``sep`` between them, ``end``
+    after), UTF-8: the C extension ``_cjoin.join_rows``'s reference, where it was not
+    built. A part: a list of the rows' texts, one text for every row, or a block of
+    numbers (``(orjson bytes, openings)``, see ``_block_texts``)."""
+    seqs = [repeat(p, m) if type(p) is str else _block_texts(p, m) if type(p) is tuple else p
+            for p in parts]
+    rows = (map(sep.join, zip(*seqs)) if sep else map("".join, zip(*seqs))) if seqs else repeat("", m)
+    return "".join(chain.from_iterable(zip(rows, repeat(end)))).encode("utf-8")
+
+
+try:
+    from ._cjoin import join_rows
+except ImportError:        # built without a C compiler: the same bytes, about twice the time
+    join_rows = join_rows_py
 
 
 def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, shared: list,
-                with_csv: bool, heights: list | None = None) -> tuple[bytes, bytes]:
+                with_csv: bool, heights: list | None = None, join=None) -> tuple[bytes, bytes]:
     """Sheet XML and CSV of rows (``columns``: their values, one list per column; ``lo``:
-    the first one's index) in one join over the cells in row order: "<row r=..>", prefix,
-    body, ..., "</row>".  A column of finite floats gives just the numbers' texts, its
-    "><v>" and "</v></c>" going with the prefixes around them; a column of one value goes
-    whole into the (per row style) text before the next column; a run of float-array
-    columns is one block of cells per row (``_run_cells``).  ``prefixes``: per column,
-    row style -> the cell's opening; ``heights``: per row, a height in points or None
-    (the default height)."""
+    the first one's index), joined row by row (``join_rows``) from what each column
+    gives: "<row r=..>", prefix, body, ..., "</row>".  A column of finite floats gives
+    just the numbers' texts, its "><v>" and "</v></c>" going with the prefixes around
+    them; a column of one value goes whole into the (per row style) text before the
+    next column; a run of float-array columns is one block of numbers that orjson
+    formats at once.  ``prefixes``: per column, row style -> the cell's opening;
+    ``heights``: per row, a height in points or None (the default height); ``join``:
+    ``join_rows`` unless given (the tests pass ``join_rows_py``)."""
+    join = join or join_rows
     m = len(columns[0]) if columns else 0
     st = styles if styles else [None] * m
+    one = None if not m else st[0] if st.count(st[0]) == m else _NO_STYLE
+
+    def per_row(by_style: dict):                 # each row's text of its style
+        return by_style[one] if one is not _NO_STYLE else list(map(by_style.__getitem__, st))
     runs = _float_runs(columns, prefixes)
-    by_style = _rows_by_style(st)
-    enc: list = []                  # per column (or run): (cells or texts, CSV fields)
-    kind, pres = [], []             # kind: 0 cell bodies, 1 float texts, 2 one body, 3 whole cells
+    if heights:
+        xml_parts: list = [[f'<row r="{r}" ht="{h:g}" customHeight="1">' if h else f'<row r="{r}">'
+                            for r, h in zip(range(lo + 2, lo + m + 2), heights)]]
+    else:
+        xml_parts = [[f'<row r="{r}">' for r in range(lo + 2, lo + m + 2)]]
+    csv_parts: list = []
+    keys = list(prefixes[0]) if prefixes else [None]
+    pending = dict.fromkeys(keys, "")            # per row style: text before the next part
+    prev_raw = False                             # the last column left its "</v></c>" open
     j = 0
     while j < len(columns):
         chunk, table, pre = columns[j], shared[j], prefixes[j]
+        lead = "</v></c>" if prev_raw else ""
         if j in runs:
             stop = runs[j]
-            enc.append(_run_cells(np.stack(columns[j:stop], axis=1), pre, by_style))
-            kind.append(3)
-            pres.append(dict.fromkeys(pre, ""))
-            j = stop
+            block = orjson.dumps(np.stack(columns[j:stop], axis=1), option=orjson.OPT_SERIALIZE_NUMPY)
+            if any(pending.values()) or lead:
+                xml_parts.append(per_row({style: t + lead for style, t in pending.items()}))
+            xml_parts.append((block, per_row(pre)))
+            csv_parts.append((block, None))
+            pending, prev_raw, j = dict.fromkeys(keys, ""), False, stop
             continue
         j += 1
-        pres.append(pre)
         if _constant(chunk):
             body, field = encode_column(chunk[:1], table)
-            enc.append((body[0], [field[0]] * m))
-            kind.append(2)
+            pending = {style: pending[style] + lead + p + body[0] for style, p in pre.items()}
+            csv_parts.append(field[0])
+            prev_raw = False
             continue
         plain = _finite_floats(chunk)
-        kind.append(1 if plain is not None else 0)
-        enc.append((plain, plain) if plain is not None else encode_column(chunk, table))
-    if heights:
-        seqs = [[f'<row r="{r}" ht="{h:g}" customHeight="1">' if h else f'<row r="{r}">'
-                 for r, h in zip(range(lo + 2, lo + m + 2), heights)]]
-    else:
-        seqs = [[f'<row r="{r}">' for r in range(lo + 2, lo + m + 2)]]
-    keys = list(prefixes[0]) if prefixes else [None]
-    one = next(iter(by_style)) if m and len(by_style) == 1 else _NO_STYLE
-
-    def per_row(by_style: dict) -> list:         # each row's text of its style
-        return [by_style[one]] * m if one is not _NO_STYLE else list(map(by_style.__getitem__, st))
-    pending = dict.fromkeys(keys, "")
-    prev_raw = False
-    for pre, (bodies, _), kd in zip(pres, enc, kind):
-        lead, tail = ("</v></c>" if prev_raw else ""), ("><v>" if kd == 1 else "")
-        full = {style: pending[style] + lead + p + tail for style, p in pre.items()}
-        if kd == 2:
-            pending = {style: t + bodies for style, t in full.items()}
-        else:
-            seqs.append(per_row(full))
-            seqs.append(bodies)
-            pending = dict.fromkeys(keys, "")
-        prev_raw = kd == 1
-    end = {style: t + ("</v></c>" if prev_raw else "") + "</row>" for style, t in pending.items()}
-    seqs.append(per_row(end))
-    xml = "".join(chain.from_iterable(zip(*seqs))).encode("utf-8")
-    text = ("\r\n".join(map(",".join, zip(*[f for _, f in enc]))) + "\r\n") if with_csv else ""
-    return xml, text.encode("utf-8")
+        bodies, fields = (plain, plain) if plain is not None else encode_column(chunk, table)
+        tail = "><v>" if plain is not None else ""
+        xml_parts.append(per_row({style: pending[style] + lead + p + tail for style, p in pre.items()}))
+        xml_parts.append(bodies)
+        csv_parts.append(fields)
+        pending, prev_raw = dict.fromkeys(keys, ""), plain is not None
+    xml_parts.append(per_row({style: t + ("</v></c>" if prev_raw else "") + "</row>" for style, t in pending.items()}))
+    return join(xml_parts, m, "", ""), join(csv_parts, m, ",", "\r\n") if with_csv else b""

@@ -1,21 +1,31 @@
 """Sheets and the workbook of the hand-written .xlsx writer: the sheet XML around the rows
 (view, widths, row heights, autofilter, hyperlinks, drawing), the styles, the workbook
-parts, all streamed into one zip in this process (no helper threads or processes: one
-compare of one pair is one process)."""
+parts, all streamed into one zip in this process (its big sheets deflated on a few
+threads; no processes: one compare of one pair is one process)."""
 from __future__ import annotations
 
+import collections
 import csv
 import io
-import queue
+import os
 import sys
-import threading
+import types
 import zipfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .cells import SharedStrings, col_letter, encode_rows, esc, repeats
 from .chart import write_charts
 
+deflate_lib: types.ModuleType
+try:                # ISA-L's deflate: a quarter of zlib's time at level 1, files as small
+    from isal import isal_zlib as deflate_lib
+except ImportError:   # a platform without its wheels: zlib, the same files' contents
+    deflate_lib = zlib
+
 CHUNK_ROWS = 4096              # rows encoded and written at a time
+COMPRESS_LEVEL = 1             # zlib's fastest: the sheets are large and repetitive
 _FILL_RGB = {"error": "FFFFC7CE", "warning": "FFFFEB9C"}
 # cellXfs: data cells use fill * 2 + percent (0 = plain); then the header, wrapped text,
 # a hyperlink (blue, underlined, wrapped), both left-aligned (numbers too)
@@ -122,55 +132,105 @@ def _header_cell(ref: str, text) -> str:
     return f'<c r="{ref}" s="{_XF_HEADER}" t="inlineStr"><is><t xml:space="preserve">{esc(str(text))}</t></is></c>'
 
 
-# While the writer thread runs: how soon the encoding thread hands it the GIL back.
+# While the deflate threads run: how soon the encoding thread hands them the GIL back.
 SWITCH_INTERVAL_S = 0.0001
 
 
-class _FileThread:
-    """Writes to ``fh`` from a second thread: deflate and the file write release the GIL,
-    so compressing one chunk overlaps encoding the next (1.6 s of zlib on the 100k-entry
-    pair's 300k rows). The compare's one concurrency beside its process: a writer thread.
+def _deflate_chunk(data: bytes, level: int) -> bytes:
+    """One chunk as raw deflate blocks of its own, ended on a byte boundary (a sync
+    flush), so that the chunks' outputs laid end to end are one deflate stream."""
+    c = deflate_lib.compressobj(level, deflate_lib.DEFLATED, -15)
+    return c.compress(data) + c.flush(deflate_lib.Z_SYNC_FLUSH)
 
-    The writer takes the GIL back many times a chunk (CRC, each of zlib's output blocks,
-    the write) and waits up to the switch interval each time the encoding thread holds
-    it: at Python's default 5 ms the main sheet of bench/compare.py's 100k-entry pair took
-    3.5 s, as if written serially; at 1 ms the writer still spent 2.7 s on 1.75 s of
-    deflate; at 0.1 ms (``SWITCH_INTERVAL_S``, while the thread runs; the caller's interval
-    is restored) 2.3 s, and the encoding, not the deflate, sets the pace."""
 
-    def __init__(self, fh):
-        self.queue, self.error = queue.Queue(maxsize=3), None
+class _ParallelDeflate:
+    """The compressor of a big zip entry: zipfile's writer hands it each chunk (and
+    writes what it returns), and it deflates the chunks on a pool of threads, each
+    chunk on its own (pigz's way; the first 32 KB of each 5 MB chunk compress a little
+    worse), returning their outputs in order.  zlib releases the GIL while it deflates,
+    so this runs beside the encoding of the next chunks: on the 100k-entry pair of
+    bench/compare.py the main sheet's 353 MB took 1.75 s of deflate alone, as much as
+    encoding it.  The threads take the GIL back at each of zlib's output blocks and
+    wait up to the switch interval each time the encoding thread holds it: at
+    Python's default 5 ms the sheet was written as if serially, hence
+    ``SWITCH_INTERVAL_S`` while the pool runs (the caller's interval is restored).
+    The compare's one concurrency beside its process: these threads.
+
+    The output depends on the chunks, not on the number of threads."""
+
+    def __init__(self, level: int, workers: int):
+        self.level, self.ahead = level, 2 * workers
+        self.pending: collections.deque = collections.deque()
         self.interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self.interval, SWITCH_INTERVAL_S))
-        self.thread = threading.Thread(target=self._run, args=(fh,), name="probe-xlsx-writer", daemon=True)
-        self.thread.start()
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="probe-xlsx-deflate")
 
-    def _run(self, fh):
-        while (data := self.queue.get()) is not None:
-            if self.error is None:
-                try:
-                    fh.write(data)
-                except BaseException as exc:     # re-raised in the encoding thread
-                    self.error = exc
+    def compress(self, data: bytes) -> bytes:
+        self.pending.append(self.pool.submit(_deflate_chunk, data, self.level))
+        done = []
+        while self.pending and (len(self.pending) > self.ahead or self.pending[0].done()):
+            done.append(self.pending.popleft().result())
+        return b"".join(done)
 
-    def write(self, data: bytes):
-        if self.error is not None:
-            raise self.error
-        self.queue.put(data)
+    def flush(self) -> bytes:
+        """The rest, and the stream's final (empty) block."""
+        try:
+            rest = [f.result() for f in self.pending]
+            return b"".join(rest) + deflate_lib.compressobj(self.level, deflate_lib.DEFLATED, -15).flush()
+        finally:
+            self.close()
 
     def close(self):
-        self.queue.put(None)
-        self.thread.join()
-        sys.setswitchinterval(self.interval)
-        if self.error is not None:
-            raise self.error
+        if self.pool is not None:
+            self.pending.clear()
+            self.pool.shutdown()
+            self.pool = None
+            sys.setswitchinterval(self.interval)
+
+
+class _WriteBehind:
+    """A file written on a thread of its own, in order: a write releases the GIL, and
+    the 100k-entry pair's 180 MB CSV took 0.33 s of the encoding thread to write. An
+    error of a write is raised by a later ``write`` or by ``close``."""
+
+    def __init__(self, fh):
+        self.fh = fh
+        self.pending: collections.deque = collections.deque()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="probe-csv-writer")
+
+    def write(self, data: bytes):
+        self.pending.append(self.pool.submit(self.fh.write, data))
+        while self.pending and (len(self.pending) > 4 or self.pending[0].done()):
+            self.pending.popleft().result()
+
+    def close(self):
+        try:
+            while self.pending:
+                self.pending.popleft().result()
+        finally:
+            self.pool.shutdown()
+            self.fh.close()
+
+
+def _deflate_in_parallel(fh, level: int) -> _ParallelDeflate | None:
+    """Make zipfile's writer ``fh`` (a ``ZipFile.open(.., "w")`` of a deflated entry)
+    deflate on threads: its compressor, a zlib object, is swapped for a
+    ``_ParallelDeflate``. None where this Python's writer holds no such compressor (it
+    then deflates as it always does)."""
+    if type(getattr(fh, "_compressor", None)) is not type(zlib.compressobj()):
+        return None
+    fh._compressor = _ParallelDeflate(level, min(4, os.cpu_count() or 1))
+    return fh._compressor
 
 
 def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrings | None = None,
                  progress=None) -> None:
     ncol = len(sheet.header)
     letters = [col_letter(i) for i in range(ncol)]
+    n = len(sheet.columns[0]) if sheet.columns else 0
     with zf.open(f"xl/worksheets/sheet{index}.xml", "w", force_zip64=True) as fh:
+        if n > CHUNK_ROWS:          # before the first write; fh's close flushes and ends the pool
+            _deflate_in_parallel(fh, COMPRESS_LEVEL)
         parts = ['<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
                  '<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" '
                  'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships">'
@@ -189,11 +249,9 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
         parts.extend(_header_cell(f"{letters[c]}1", h) for c, h in enumerate(sheet.header))
         parts.append("</row>")
         fh.write("".join(parts).encode("utf-8"))
-        n = len(sheet.columns[0]) if sheet.columns else 0
         prefixes, shared = _prefixes(sheet), _shared_tables(sheet, sst)
         with_csv = sheet.csv_path is not None
-        csv_fh = open(sheet.csv_path, "wb") if sheet.csv_path is not None else None
-        out = _FileThread(fh) if n > CHUNK_ROWS else fh
+        csv_fh = _WriteBehind(open(sheet.csv_path, "wb")) if sheet.csv_path is not None else None
         try:
             if csv_fh:
                 head = io.StringIO(newline="")
@@ -205,14 +263,12 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
                                         sheet.row_styles[lo:hi] if sheet.row_styles else None, lo,
                                         prefixes, shared, with_csv,
                                         sheet.row_heights[lo:hi] if sheet.row_heights else None)
-                out.write(xml)
+                fh.write(xml)
                 if csv_fh:
                     csv_fh.write(text)
                 if progress is not None:
                     progress(hi - lo)
         finally:
-            if out is not fh:
-                out.close()
             if csv_fh:
                 csv_fh.close()
         tail = ["</sheetData>"]
@@ -234,7 +290,7 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
 def write_workbook(path: str, sheets, progress=None) -> None:
     """Write ``sheets`` (Sheet objects, or an iterator that makes them one at a time) to
     ``path``.  ``progress``: called with the number of rows written after each chunk."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=COMPRESS_LEVEL) as zf:
         sst = SharedStrings()
         done = []
         for sheet in sheets:

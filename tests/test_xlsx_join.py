@@ -1,0 +1,177 @@
+"""The xlsx writer's two speed paths give the files the plain paths give.
+
+* Rows are joined by the C extension ``_cjoin.join_rows`` where it was built, else by
+  ``cells.join_rows_py``: byte for byte the same sheet XML and CSV.
+* A big sheet is deflated a chunk at a time on threads (``sheets._ParallelDeflate``),
+  with ISA-L where it is installed: one valid deflate stream whose contents are what
+  zipfile's own deflate stores, the same bytes however many threads.
+"""
+import os
+import zipfile
+import zlib
+
+import numpy as np
+import openpyxl
+import orjson
+import pytest
+
+from probe.compare.xlsx import Sheet, cells, sheets, write_workbook
+
+try:
+    from probe.compare.xlsx._cjoin import join_rows as c_join
+except ImportError:
+    c_join = None
+
+needs_c = pytest.mark.skipif(c_join is None, reason="probe.compare.xlsx._cjoin not built (no C compiler)")
+
+
+def _block(rng, m, k, nan_every=0):
+    a = rng.standard_normal((m, k)) * 10.0 ** rng.integers(-12, 12, (m, k))
+    a[::3, 0] = -0.0
+    if nan_every:
+        a.flat[::nan_every] = np.nan
+    return orjson.dumps(a, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _parts(rng, m):
+    """Parts of every kind: texts per row (ASCII, non-ASCII, empty), one text for all rows,
+    blocks of numbers with and without NaN, with one opening or one per row."""
+    openings = ['<c s="2"', "<c", '<c s="5"']
+    return [
+        [f'<row r="{r + 2}">' for r in range(m)],
+        [("x", "é ü", "", "名前", "a & b")[r % 5] for r in range(m)],
+        '<c s="7"/>',
+        (_block(rng, m, 3), "<c"),
+        (_block(rng, m, 4, nan_every=5), [openings[r % 3] for r in range(m)]),
+        [str(r) for r in range(m)],
+        (_block(rng, m, 2, nan_every=2), '<c s="1"'),
+        "</row>",
+    ]
+
+
+@needs_c
+@pytest.mark.parametrize("m", [0, 1, 2, 7, 300])
+def test_the_c_join_gives_the_python_join_bytes(m):
+    rng = np.random.default_rng(m)
+    xml = _parts(rng, m)
+    assert c_join(xml, m, "", "") == cells.join_rows_py(xml, m, "", "")
+    fields = [p if not isinstance(p, tuple) else (p[0], None) for p in xml]
+    for sep, end in ((",", "\r\n"), ("", ""), (";", "")):
+        assert c_join(fields, m, sep, end) == cells.join_rows_py(fields, m, sep, end)
+
+
+@needs_c
+def test_the_c_join_writes_cells_and_fields_as_documented():
+    block = orjson.dumps(np.array([[1.5, np.nan], [-0.0, 2e-7]]), option=orjson.OPT_SERIALIZE_NUMPY)
+    assert c_join([["<a>", "<b>"], (block, ['<c s="2"', "<c"]), "|"], 2, "", "\n") == (
+        b'<a><c s="2"><v>1.5</v></c><c s="2"/>|\n<b><c><v>-0.0</v></c><c><v>2e-7</v></c>|\n')
+    assert c_join([["x", "y"], (block, None)], 2, ",", "\r\n") == b"x,1.5,\r\ny,-0.0,2e-7\r\n"
+
+
+@needs_c
+def test_the_c_join_refuses_parts_that_do_not_fit():
+    block = orjson.dumps(np.ones((2, 2)), option=orjson.OPT_SERIALIZE_NUMPY)
+    with pytest.raises(ValueError, match="2 texts for 3 rows"):
+        c_join([["a", "b"]], 3, "", "")
+    with pytest.raises(ValueError, match="fewer rows than m"):
+        c_join([(block, "<c")], 3, "", "")
+    with pytest.raises(TypeError, match="must be str"):
+        c_join([["a", 1]], 2, "", "")
+    with pytest.raises(TypeError, match="a part is"):
+        c_join([3], 1, "", "")
+
+
+def _sheet_columns(n):
+    """The compare's kinds of columns: names, constant texts, float arrays in runs (NaN,
+    infinities in some chunks), a float list, shared texts, bools."""
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(n) * 10.0 ** rng.integers(-8, 8, n) for _ in range(5)]
+    arrays[0][::5] = np.nan
+    arrays[2][[3, n - 2]] = [np.inf, -np.inf]
+    header = ["name", "dtype", "a", "b", "pa", "pb", "c", "list", "verdict", "flag"]
+    cols = [[f"Functional.linear.{k}.forward.output.0" for k in range(n)], ["torch.float32"] * n,
+            arrays[0], arrays[1], arrays[2], arrays[3], arrays[4],
+            rng.standard_normal(n).tolist(), [("pass", "error: x > y & z")[k % 2] for k in range(n)],
+            [k % 3 == 0 for k in range(n)]]
+    styles = [(None, "error", "warning", "link")[k % 7 % 4] for k in range(n)]
+    heights = [None if k % 4 else 30 for k in range(n)]
+    return header, cols, styles, heights
+
+
+@needs_c
+def test_encode_rows_gives_the_same_bytes_with_either_join():
+    n = 600
+    header, cols, styles, heights = _sheet_columns(n)
+    sheet = Sheet("rows", header, cols, styles, percent_columns={"pa", "pb"}, wrap_columns={"name"})
+    prefixes = sheets._prefixes(sheet)
+    shared = sheets._shared_tables(sheet, cells.SharedStrings())
+    for lo, hi in ((0, 1), (0, 250), (250, 600)):
+        for chunk_styles, chunk_heights in ((styles[lo:hi], heights[lo:hi]), (None, None), ([None] * (hi - lo), None)):
+            args = ([c[lo:hi] for c in cols], chunk_styles, lo, prefixes, shared, True, chunk_heights)
+            assert cells.encode_rows(*args, join=c_join) == cells.encode_rows(*args, join=cells.join_rows_py)
+
+
+def _entry_bytes(path, name):
+    """A zip member's stored (compressed) bytes, as they lie in the file."""
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(name)
+    with open(path, "rb") as fh:
+        fh.seek(info.header_offset)
+        head = fh.read(30)
+        fh.seek(info.header_offset + 30 + int.from_bytes(head[26:28], "little") + int.from_bytes(head[28:30], "little"))
+        return fh.read(info.compress_size)
+
+
+def _write_big(path, monkeypatch, n=900):
+    header, cols, styles, heights = _sheet_columns(n)
+    monkeypatch.setattr(sheets, "CHUNK_ROWS", 64)
+    write_workbook(str(path), [Sheet("rows", header, cols, styles, row_heights=heights,
+                                     csv_path=str(path) + ".csv")])
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None                      # every member's CRC checks
+        return {name: z.read(name) for name in z.namelist()}, open(str(path) + ".csv", "rb").read()
+
+
+def test_big_sheets_deflate_on_threads_into_one_valid_stream(tmp_path, monkeypatch):
+    engaged = []
+    swap = sheets._deflate_in_parallel
+    monkeypatch.setattr(sheets, "_deflate_in_parallel", lambda fh, level: engaged.append(swap(fh, level)))
+    threaded = _write_big(tmp_path / "threads.xlsx", monkeypatch)
+    assert engaged and engaged[0] is not None, "this Python's zipfile writer was not given the threads"
+    monkeypatch.setattr(sheets, "_deflate_in_parallel", lambda fh, level: None)   # zipfile's own deflate
+    assert _write_big(tmp_path / "plain.xlsx", monkeypatch) == threaded
+    monkeypatch.undo()
+    monkeypatch.setattr(sheets, "deflate_lib", zlib)                              # no ISA-L
+    assert _write_big(tmp_path / "zlib.xlsx", monkeypatch) == threaded
+    ws = openpyxl.load_workbook(tmp_path / "threads.xlsx")["rows"]
+    assert ws.cell(2 + 899, 1).value == "Functional.linear.899.forward.output.0"
+
+
+def test_the_deflated_bytes_do_not_depend_on_the_number_of_threads(tmp_path, monkeypatch):
+    stored = []
+    for cores in (1, 3):
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+        _write_big(tmp_path / f"{cores}.xlsx", monkeypatch)
+        stored.append(_entry_bytes(tmp_path / f"{cores}.xlsx", "xl/worksheets/sheet1.xml"))
+    assert stored[0] == stored[1]
+
+
+def test_a_failing_csv_write_is_raised_not_lost(tmp_path, monkeypatch):
+    class Full:
+        """A file whose third write fails, as on a full disk."""
+        def __init__(self, fh):
+            self.fh, self.writes = fh, 0
+
+        def write(self, data):
+            self.writes += 1
+            if self.writes == 3:
+                raise OSError(28, "No space left on device")
+            return self.fh.write(data)
+
+        def close(self):
+            self.fh.close()
+
+    real = sheets._WriteBehind
+    monkeypatch.setattr(sheets, "_WriteBehind", lambda fh: real(Full(fh)))
+    with pytest.raises(OSError, match="No space left"):
+        _write_big(tmp_path / "full.xlsx", monkeypatch)
