@@ -175,3 +175,33 @@ def test_a_failing_csv_write_is_raised_not_lost(tmp_path, monkeypatch):
     monkeypatch.setattr(sheets, "_WriteBehind", lambda fh: real(Full(fh)))
     with pytest.raises(OSError, match="No space left"):
         _write_big(tmp_path / "full.xlsx", monkeypatch)
+
+
+def test_plain_text_columns_join_raw_as_their_cells_are_written(monkeypatch):
+    """A column of texts that need no escaping goes into the join as the texts themselves,
+    its cells' constant ends joined into the texts around it: the same bytes as one cell
+    text per value, for texts that take the short way and texts that must not."""
+    n = 50
+    texts = {
+        "names": [f"Functional.linear.{k}.forward.input.{k % 3}" for k in range(n)],
+        "csv quoting": [("a,b", 'say "x"', "plain")[k % 3] for k in range(n)],
+        "inner spaces, unicode, empty": [("two words", "é 名前", "")[k % 3] for k in range(n)],
+        "edge space": [(" lead", "x")[k % 2] for k in range(n)],
+        "to escape": [("a & b", "x < y", "ok")[k % 3] for k in range(n)],
+        "control": [("tab\there", "ok")[k % 2] for k in range(n)],
+        "None among them": [None if k % 4 == 0 else f"t{k}" for k in range(n)],
+    }
+    header = ["lead", *texts, "number"]
+    cols = [[float(k) for k in range(n)], *texts.values(), [k / 3 for k in range(n)]]
+    styles = [(None, "error", "warning")[k % 3] for k in range(n)]
+    sheet = Sheet("rows", header, cols, styles, wrap_columns={"names"})
+    prefixes = sheets._prefixes(sheet)
+    shared = [None] * len(cols)
+    for chunk_styles in (styles, None):
+        args = (cols, chunk_styles, 0, prefixes, shared, True, None)
+        raw = cells.encode_rows(*args)
+        with monkeypatch.context() as m:
+            m.setattr(cells, "_plain_texts", lambda col: None)
+            assert cells.encode_rows(*args) == raw
+    took = [name for name, col in texts.items() if cells._plain_texts(col) is not None]
+    assert took == ["names", "csv quoting", "inner spaces, unicode, empty"]

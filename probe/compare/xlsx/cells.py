@@ -21,6 +21,8 @@ _NUM = "><v>%s</v></c>"
 _STR = ' t="inlineStr"><is><t>%s</t></is></c>'
 _STR_WS = ' t="inlineStr"><is><t xml:space="preserve">%s</t></is></c>'   # edge whitespace kept
 _SST_CELL = ' t="s"><v>%d</v></c>'                  # a shared string, by its index
+_NUM_AROUND = ("><v>", "</v></c>")                  # a number's cell around its text
+_STR_AROUND = (' t="inlineStr"><is><t>', "</t></is></c>")   # a plain text's (``_plain_texts``)
 _BOOL = {False: ' t="b"><v>0</v></c>', True: ' t="b"><v>1</v></c>'}
 _INF, _NINF = float("inf"), float("-inf")
 _NONE_TYPE = type(None)
@@ -197,16 +199,45 @@ def _finite_floats(col: list):
     return None if _NULL in texts else texts
 
 
-def repeats(col: list) -> bool:
-    """Whether a column's texts repeat enough to be shared strings (decided for the whole
-    column, so that the XML does not depend on how the rows are chunked)."""
-    if isinstance(col, np.ndarray) or len(set(col[:4096])) > 3072 or str not in set(map(type, col)):   # numbers, unique names: no
-        return False
+def shared_texts(col) -> list | None:
+    """A column's distinct values in order of first appearance where its texts repeat
+    enough to be shared strings, else None (decided for the whole column, so that the
+    XML does not depend on how the rows are chunked)."""
+    if isinstance(col, np.ndarray) or len(set(col[:4096])) > 3072:   # numbers, unique names: no
+        return None
     try:
-        uniq = set(col)
+        uniq = list(dict.fromkeys(col))
     except TypeError:                                # unhashable values: cell by cell
-        return False
-    return len(uniq) <= len(col) >> 1
+        return None
+    if len(uniq) > len(col) >> 1 or not any(type(v) is str for v in uniq):
+        return None
+    return uniq
+
+
+def _csv_texts(texts: list) -> list:
+    """The CSV fields of printable texts: the texts, but quoted where csv.writer quotes."""
+    joined = "".join(texts)
+    return list(map(csv_field, texts)) if "," in joined or '"' in joined else texts
+
+
+def _plain_texts(col: list) -> list | None:
+    """A column of texts that go into their cells as they are (no escaping, cutting or
+    kept edge spaces: a name, a message), or None.  Their cells are then the texts
+    between a constant opening and ending, which ``encode_rows`` joins into the texts
+    around them (as it does with numbers) instead of making a cell text of each."""
+    if type(col) is not list or not col or type(col[0]) is not str:
+        return None
+    try:
+        joined = "".join(col)
+    except TypeError:                                # None or other values among them
+        return None
+    if not joined.isprintable() or "&" in joined or "<" in joined or ">" in joined:
+        return None
+    if len(joined) > 32000 and max(map(len, col)) > 32000:
+        return None
+    if " " in joined and any(t[:1] == " " or t[-1:] == " " for t in col):
+        return None
+    return col
 
 
 def _str_column(col: list, has_none: bool) -> tuple[list, list]:
@@ -317,7 +348,7 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
     the first one's index), joined row by row (``join_rows``) from what each column
     gives: "<row r=..>", prefix, body, ..., "</row>".  A column of finite floats gives
     just the numbers' texts, its "><v>" and "</v></c>" going with the prefixes around
-    them; a column of one value goes whole into the (per row style) text before the
+    them, and so does a column of plain texts (``_plain_texts``); a column of one value goes whole into the (per row style) text before the
     next column; a run of float-array columns is one block of numbers that orjson
     formats at once.  ``prefixes``: per column, row style -> the cell's opening;
     ``heights``: per row, a height in points or None (the default height); ``join``:
@@ -338,11 +369,10 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
     csv_parts: list = []
     keys = list(prefixes[0]) if prefixes else [None]
     pending = dict.fromkeys(keys, "")            # per row style: text before the next part
-    prev_raw = False                             # the last column left its "</v></c>" open
+    lead = ""                                    # what closes the last column's raw texts
     j = 0
     while j < len(columns):
         chunk, table, pre = columns[j], shared[j], prefixes[j]
-        lead = "</v></c>" if prev_raw else ""
         if j in runs:
             stop = runs[j]
             block = orjson.dumps(np.stack(columns[j:stop], axis=1), option=orjson.OPT_SERIALIZE_NUMPY)
@@ -350,21 +380,25 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
                 xml_parts.append(per_row({style: t + lead for style, t in pending.items()}))
             xml_parts.append((block, per_row(pre)))
             csv_parts.append((block, None))
-            pending, prev_raw, j = dict.fromkeys(keys, ""), False, stop
+            pending, lead, j = dict.fromkeys(keys, ""), "", stop
             continue
         j += 1
         if _constant(chunk):
             body, field = encode_column(chunk[:1], table)
             pending = {style: pending[style] + lead + p + body[0] for style, p in pre.items()}
             csv_parts.append(field[0])
-            prev_raw = False
+            lead = ""
             continue
-        plain = _finite_floats(chunk)
-        bodies, fields = (plain, plain) if plain is not None else encode_column(chunk, table)
-        tail = "><v>" if plain is not None else ""
-        xml_parts.append(per_row({style: pending[style] + lead + p + tail for style, p in pre.items()}))
+        opening, closing = "", ""                # around each raw text: its cell's body
+        if (raw := _finite_floats(chunk)) is not None:
+            bodies, fields, (opening, closing) = raw, raw, _NUM_AROUND
+        elif table is None and (raw := _plain_texts(chunk)) is not None:
+            bodies, fields, (opening, closing) = raw, _csv_texts(raw), _STR_AROUND
+        else:
+            bodies, fields = encode_column(chunk, table)
+        xml_parts.append(per_row({style: pending[style] + lead + p + opening for style, p in pre.items()}))
         xml_parts.append(bodies)
         csv_parts.append(fields)
-        pending, prev_raw = dict.fromkeys(keys, ""), plain is not None
-    xml_parts.append(per_row({style: t + ("</v></c>" if prev_raw else "") + "</row>" for style, t in pending.items()}))
+        pending, lead = dict.fromkeys(keys, ""), closing
+    xml_parts.append(per_row({style: t + lead + "</row>" for style, t in pending.items()}))
     return join(xml_parts, m, "", ""), join(csv_parts, m, ",", "\r\n") if with_csv else b""

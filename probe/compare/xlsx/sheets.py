@@ -15,7 +15,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .cells import SharedStrings, col_letter, encode_rows, esc, repeats
+from .cells import SharedStrings, col_letter, encode_rows, esc, shared_texts
 from .chart import write_charts
 
 deflate_lib: types.ModuleType
@@ -119,12 +119,15 @@ def _shared_tables(sheet: Sheet, sst: SharedStrings | None) -> list:
     """Per column: the shared-strings table if its texts repeat enough, else None.  Every
     text is registered first, column by column, so the indices do not depend on the
     chunking of the rows."""
-    shared = [sst if sst is not None and repeats(c) else None for c in sheet.columns]
-    for col, table in zip(sheet.columns, shared):
-        if table is not None:
-            for v in dict.fromkeys(col):
-                if type(v) is str:
-                    table.body(v)
+    if sst is None:
+        return [None] * len(sheet.columns)
+    shared = []
+    for col in sheet.columns:
+        texts = shared_texts(col)
+        for v in texts or ():
+            if type(v) is str:
+                sst.body(v)
+        shared.append(sst if texts is not None else None)
     return shared
 
 
