@@ -34,8 +34,9 @@ step produced them) that differ, and by how much.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, repeat
 
 import msgspec
 import numpy as np
@@ -45,7 +46,7 @@ from . import verdict as vd
 from .codes import codes
 from .draws import DrawCheck
 from .local_error import LocalError, Replays
-from .rows import stats_of
+from .rows import field_of, stats_of
 from probe.python_compat import SLOTS
 from probe.tolerances import tolerance_for
 
@@ -366,32 +367,36 @@ class _RowFacts:
 
     @classmethod
     def of(cls, pairs) -> _RowFacts:
+        n = len(pairs)
         A, B = [p.npu for p in pairs], [p.bench for p in pairs]
-        io_code, numels = _IO_CODE.get, dict[tuple, int]()
+        kind_a, kind_b = field_of(A, "kind"), field_of(B, "kind")
+        shape_a, shape_b = field_of(A, "shape"), field_of(B, "shape")
+        npu_tensor = np.fromiter(map(operator.eq, kind_a, repeat("tensor")), bool, n)
+        bench_tensor = np.fromiter(map(operator.eq, kind_b, repeat("tensor")), bool, n)
+        npu_io = np.fromiter(map(_IO_CODE.get, field_of(A, "io"), repeat(0)), np.int8, n)
+        bench_io = np.fromiter(map(_IO_CODE.get, field_of(B, "io"), repeat(0)), np.int8, n)
+        paired = np.fromiter(map(operator.is_not, A, repeat(None)), bool, n) & \
+            np.fromiter(map(operator.is_not, B, repeat(None)), bool, n)
+        same_shape = paired & np.fromiter(map(operator.eq, shape_a, shape_b), bool, n)
+        numels: dict = {}
 
         def numel(shape):
-            n = numels.get(shape)
-            if n is None:
-                n = numels[shape] = math.prod(shape) if shape is not None else 0
-            return n
-        npu_tensor = np.array([a is not None and a.kind == "tensor" for a in A], dtype=bool)
-        bench_tensor = np.array([b is not None and b.kind == "tensor" for b in B], dtype=bool)
-        npu_io = np.array([io_code(a.io, 0) if a is not None else 0 for a in A], dtype=np.int8)
-        bench_io = np.array([io_code(b.io, 0) if b is not None else 0 for b in B], dtype=np.int8)
-        paired = np.array([a is not None and b is not None for a, b in zip(A, B)], dtype=bool)
-        same_shape = np.array([a is not None and b is not None and a.shape == b.shape for a, b in zip(A, B)],
-                              dtype=bool)
-        # paired rows only: a one-sided row's shape is never multiplied (it may not be numbers)
-        bench_numel = np.array([numel(b.shape) if a is not None and b is not None and b.kind == "tensor" else 0
-                                for a, b in zip(A, B)], dtype=np.float64)
-        npu_stats, bench_stats = stats_of(A), stats_of(B)
+            k = numels.get(shape)
+            if k is None:
+                k = numels[shape] = math.prod(shape) if shape is not None else 0
+            return k
         taken = paired & bench_tensor
+        # paired tensors only: a one-sided row's shape is never multiplied (it may not be numbers)
+        bench_numel = np.zeros(n, dtype=np.float64)
+        counted = np.flatnonzero(taken).tolist()
+        bench_numel[counted] = list(map(numel, map(shape_b.__getitem__, counted)))
+        npu_stats, bench_stats = stats_of(A), stats_of(B)
         part = np.where(paired & (npu_io >= _IO_CODE["output"]), _OUT,
                         np.where(paired & (npu_io >= 1), _IN, 0)).astype(np.int8)
         return cls(npu_tensor, bench_tensor, npu_io, paired, part,
                    taken & (bench_io >= 1) & (bench_io <= _IO_CODE["parameters"]),
                    taken & (npu_io == _IO_CODE["output"]) & same_shape, same_shape, npu_stats, bench_stats,
-                   np.where(taken, bench_stats[:, 3], np.nan), np.where(taken, bench_numel, 0.0))
+                   np.where(taken, bench_stats[:, 3], np.nan), bench_numel)
 
 
 def _per_call(n_calls: int, unit: np.ndarray, values: np.ndarray, empty=-np.inf) -> np.ndarray:

@@ -24,7 +24,7 @@ from .construct import load_modules
 from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
 from .reader import DumpMeta, gc_paused, read_dump
-from .rows import Row, direction, flatten, stats_of
+from .rows import Row, direction, field_of, flatten, stats_of
 from .tensors import load, resolve
 from probe.tolerances import tolerance_for
 from probe.vocabulary import ERR_TOLERANCE, PASS, PERCENT_COLUMNS, STATISTICS, TENSOR_METRICS, columns_for  # noqa: F401  (report reads PERCENT_COLUMNS here)
@@ -257,11 +257,11 @@ class Table:
         B = [p.bench for p in pairs]
         shape_text = _Memo(lambda s: str(list(s)))
         for side, rows in (("NPU", A), ("Bench", B)):
-            cols[f"{side} Name"] = _field(rows, "name")
-            cols[f"{side} Dtype"] = _field(rows, "dtype")
+            cols[f"{side} Name"] = field_of(rows, "name")
+            cols[f"{side} Dtype"] = field_of(rows, "dtype")
             cols[f"{side} Tensor Shape"] = [None if r is None or r.kind == "none" else
                                              shape_text[r.shape] for r in rows]
-            cols[f"{side} Requires_grad"] = _field(rows, "requires_grad")
+            cols[f"{side} Requires_grad"] = field_of(rows, "requires_grad")
         cols["Direction"] = list(map(_Memo(direction).__getitem__,
                                      [(a or b).entry for a, b in zip(A, B)]))
         cols["Match"] = [p.align for p in pairs]
@@ -328,16 +328,6 @@ class Table:
         for i, v in self.verdicts.items():
             result[i], message[i] = v.level, v.text()
         self.cols["Result"], self.cols["Err_message"] = result, message
-
-
-def _field(rows: list, name: str) -> list:
-    """One field of each row, None where the side has no row (read in C while every row
-    is there, as in most pairs)."""
-    get = attrgetter(name)
-    try:
-        return list(map(get, rows))
-    except AttributeError:          # a None among them
-        return [get(r) if r is not None else None for r in rows]
 
 
 def _one_sided(t: Table):

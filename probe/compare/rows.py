@@ -93,6 +93,16 @@ def stats_of(rows: list) -> np.ndarray:
     return out
 
 
+def field_of(rows: list, name: str) -> list:
+    """One field of each row, None where a side has no row (read in C while every row is
+    there, as in most pairs)."""
+    get = attrgetter(name)
+    try:
+        return list(map(get, rows))
+    except AttributeError:          # a None among them
+        return [get(r) if r is not None else None for r in rows]
+
+
 def _num(x) -> float:
     if isinstance(x, bool):
         return float(x)
