@@ -47,6 +47,7 @@ from .codes import codes
 from .draws import DrawCheck
 from .local_error import LocalError, Replays
 from .rows import field_of, stats_of
+from probe.precheck.entries import DROPOUT_ARGS, parse_name
 from probe.python_compat import SLOTS
 from probe.tolerances import tolerance_for
 
@@ -118,7 +119,6 @@ class CallDiag(msgspec.Struct, gc=False):
         bench-only call), parsed once: three checks ask for it (it was a third of the
         diagnosis on bench/compare.py's 100k-entry pair)."""
         if self._api is _UNPARSED:
-            from probe.precheck.entries import parse_name
             self._api = parse_name(self.name) if self.npu_entry else None
         return self._api
 
@@ -543,7 +543,6 @@ def _saved_inputs(calls):
 
 def _mark(calls):
     """Phase (optimizer calls come after the step's last backward call) and exactness."""
-    from probe.precheck.entries import parse_name
     last_bwd = max((u.index for u in calls if u.direction == "backward"), default=None)
     kinds: dict = {}        # (api, direction) -> what the API's name says, for its many calls
     for u in calls:
@@ -823,7 +822,6 @@ def _npu_entries(result, u) -> list:
 
 def _draws(result, calls, replays) -> Draws | None:
     """Random calls judged by their law on the NPU side's own dump (draws.py)."""
-    from probe.precheck.entries import DROPOUT_ARGS
     pairs = result.pairs
     forward = {u.npu_entry: u for u in calls if u.npu_entry and u.direction == "forward"}
     n, differ, first, unjudged = 0, 0, None, []

@@ -14,12 +14,14 @@ import os
 import sys
 from array import array
 from dataclasses import dataclass, field
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, eq
 from typing import Sequence
 
 import numpy as np
 
 from . import verdict as vd
+from .codes import codes
 from .construct import load_modules
 from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
@@ -460,23 +462,24 @@ def _judge_by_statistics(t: Table, stat_rows: list):
     if not stat_rows:
         return
     sel = np.array(stat_rows, dtype=np.int64)
-    rows_i = [t.stat_idx[j] for j in stat_rows]
-    tol_of = _Memo(lambda name: vd.TOLERANCES.get(name) or vd.TOLERANCES["float32"])
-    tols = [tol_of[t.tol_names[i]] for i in rows_i]
+    rows_i = list(map(t.stat_idx.__getitem__, stat_rows))
+    # per row its tolerance class's code: the tolerances are looked up per class (a few)
+    classes, cls = codes(map(t.tol_names.__getitem__, rows_i), len(rows_i))
+    tol_of = [vd.TOLERANCES.get(name) or vd.TOLERANCES["float32"] for name in classes]
     numel = np.array(_numels([t.B[i].shape for i in rows_i]), dtype=np.float64)
     ns, bs = t.npu_st[sel], t.bench_st[sel]
-    ratio = stat_tolerance_ratio(ns, bs, numel, np.array([x.rtol for x in tols]),
-                                 np.array([x.floor for x in tols]))
+    ratio = stat_tolerance_ratio(ns, bs, numel, np.array([x.rtol for x in tol_of])[cls],
+                                 np.array([x.floor for x in tol_of])[cls])
     tol_dtype = t.cols["Tolerance Dtype"]
-    exact = np.array([tol_dtype[i] == "exact" for i in rows_i], dtype=bool)
+    exact = np.fromiter(map(eq, map(tol_dtype.__getitem__, rows_i), repeat("exact")), bool, len(rows_i))
     common = np.isfinite(ns).all(axis=1) & np.isfinite(bs).all(axis=1) & ~exact     # kept cheap
     ratios = ratio.tolist()
     t.cols[ERR_TOLERANCE][np.asarray(rows_i, dtype=np.int64)[common]] = ratio[common]
     # vd.ratio_finding(r, tol, "statistics off by") of each row beyond its tolerance, made
     # per tolerance class and level (a few) with the text's constant ends joined once
     hit = common & (ratio > 1.0)
-    for tol in {id(x): x for x in tols}.values():
-        mine = np.fromiter((x is tol for x in tols), dtype=bool, count=len(tols))
+    for c, tol in enumerate(tol_of):
+        mine = cls == c
         for level, tail, how_far in zip(("warning", "error"), vd.ratio_tails(tol, "statistics off by"),
                                         (ratio <= vd.ERROR_FACTOR, ratio > vd.ERROR_FACTOR)):
             ks = np.flatnonzero(hit & mine & how_far).tolist()
@@ -484,7 +487,7 @@ def _judge_by_statistics(t: Table, stat_rows: list):
                 t.find_many([rows_i[k] for k in ks], level,
                             ["statistics off by " + format(ratios[k], ".3g") + tail for k in ks])
     for k in np.flatnonzero(~common).tolist():
-        _judge_uncommon(t, rows_i[k], ns[k], bs[k], ratios[k], bool(exact[k]), tols[k])
+        _judge_uncommon(t, rows_i[k], ns[k], bs[k], ratios[k], bool(exact[k]), tol_of[cls[k]])
 
 
 def _judge_uncommon(t: Table, i: int, ns: np.ndarray, bs: np.ndarray, r: float, exact: bool, tol):
