@@ -46,7 +46,7 @@ from . import verdict as vd
 from .codes import codes
 from .draws import DrawCheck
 from .local_error import LocalError, Replays
-from .rows import field_of, stats_of
+from .rows import field_of, numels, stats_of
 from probe.precheck.entries import DROPOUT_ARGS, parse_name
 from probe.python_compat import SLOTS
 from probe.tolerances import tolerance_for
@@ -378,18 +378,11 @@ class _RowFacts:
         paired = np.fromiter(map(operator.is_not, A, repeat(None)), bool, n) & \
             np.fromiter(map(operator.is_not, B, repeat(None)), bool, n)
         same_shape = paired & np.fromiter(map(operator.eq, shape_a, shape_b), bool, n)
-        numels: dict = {}
-
-        def numel(shape):
-            k = numels.get(shape)
-            if k is None:
-                k = numels[shape] = math.prod(shape) if shape is not None else 0
-            return k
         taken = paired & bench_tensor
         # paired tensors only: a one-sided row's shape is never multiplied (it may not be numbers)
         bench_numel = np.zeros(n, dtype=np.float64)
         counted = np.flatnonzero(taken).tolist()
-        bench_numel[counted] = list(map(numel, map(shape_b.__getitem__, counted)))
+        bench_numel[counted] = numels(map(shape_b.__getitem__, counted))
         npu_stats, bench_stats = stats_of(A), stats_of(B)
         part = np.where(paired & (npu_io >= _IO_CODE["output"]), _OUT,
                         np.where(paired & (npu_io >= 1), _IN, 0)).astype(np.int8)

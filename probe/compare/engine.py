@@ -26,7 +26,7 @@ from .construct import load_modules
 from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
 from .reader import DumpMeta, gc_paused, read_dump
-from .rows import Row, direction, field_of, flatten, stats_of
+from .rows import Row, direction, field_of, flatten, numels, stats_of
 from .tensors import load, resolve
 from probe.tolerances import tolerance_for
 from probe.vocabulary import ERR_TOLERANCE, PASS, PERCENT_COLUMNS, STATISTICS, TENSOR_METRICS, columns_for  # noqa: F401  (report reads PERCENT_COLUMNS here)
@@ -466,7 +466,7 @@ def _judge_by_statistics(t: Table, stat_rows: list):
     # per row its tolerance class's code: the tolerances are looked up per class (a few)
     classes, cls = codes(map(t.tol_names.__getitem__, rows_i), len(rows_i))
     tol_of = [vd.TOLERANCES.get(name) or vd.TOLERANCES["float32"] for name in classes]
-    numel = np.array(_numels([t.B[i].shape for i in rows_i]), dtype=np.float64)
+    numel = np.array(numels([t.B[i].shape for i in rows_i]), dtype=np.float64)
     ns, bs = t.npu_st[sel], t.bench_st[sel]
     ratio = stat_tolerance_ratio(ns, bs, numel, np.array([x.rtol for x in tol_of])[cls],
                                  np.array([x.floor for x in tol_of])[cls])
@@ -538,22 +538,6 @@ def _dtype_judgement(key):
     exact = vd.dtype_class(npu_dtype) == "exact"
     tol = tolerance_for(tol_name)
     return exact, tol, "exact" if exact else tol.name
-
-
-def _numels(shapes: list) -> list:
-    """Row.numel of each shape, computed once per distinct shape."""
-    memo: dict = {}
-    out = []
-    for s in shapes:
-        try:
-            n = memo.get(s)
-        except TypeError:           # a malformed (nested) shape
-            out.append(math.prod(s) if s is not None else 0)
-            continue
-        if n is None:
-            n = memo[s] = math.prod(s) if s is not None else 0
-        out.append(n)
-    return out
 
 
 def _scatter(n: int, idx: list, values: np.ndarray) -> np.ndarray:

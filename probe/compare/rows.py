@@ -93,6 +93,22 @@ def stats_of(rows: list) -> np.ndarray:
     return out
 
 
+def numels(shapes) -> list:
+    """``Row.numel`` of each shape, worked out once per distinct shape."""
+    memo: dict = {}
+    out = []
+    for s in shapes:
+        try:
+            n = memo.get(s)
+        except TypeError:           # a malformed (nested) shape
+            out.append(math.prod(s) if s is not None else 0)
+            continue
+        if n is None:
+            n = memo[s] = math.prod(s) if s is not None else 0
+        out.append(n)
+    return out
+
+
 def field_of(rows: list, name: str) -> list:
     """One field of each row, None where a side has no row (read in C while every row is
     there, as in most pairs)."""

@@ -343,7 +343,7 @@ except ImportError:        # built without a C compiler: the same bytes, about t
 
 
 def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, shared: list,
-                with_csv: bool, heights: list | None = None, join=None) -> tuple[bytes, bytes]:
+                with_csv: bool, heights: list | None = None) -> tuple[bytes, bytes]:
     """Sheet XML and CSV of rows (``columns``: their values, one list per column; ``lo``:
     the first one's index), joined row by row (``join_rows``) from what each column
     gives: "<row r=..>", prefix, body, ..., "</row>".  A column of finite floats gives
@@ -351,9 +351,7 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
     them, and so does a column of plain texts (``_plain_texts``); a column of one value goes whole into the (per row style) text before the
     next column; a run of float-array columns is one block of numbers that orjson
     formats at once.  ``prefixes``: per column, row style -> the cell's opening;
-    ``heights``: per row, a height in points or None (the default height); ``join``:
-    ``join_rows`` unless given (the tests pass ``join_rows_py``)."""
-    join = join or join_rows
+    ``heights``: per row, a height in points or None (the default height)."""
     m = len(columns[0]) if columns else 0
     st = styles if styles else [None] * m
     one = None if not m else st[0] if st.count(st[0]) == m else _NO_STYLE
@@ -401,4 +399,4 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
         csv_parts.append(fields)
         pending, lead = dict.fromkeys(keys, ""), closing
     xml_parts.append(per_row({style: t + lead + "</row>" for style, t in pending.items()}))
-    return join(xml_parts, m, "", ""), join(csv_parts, m, ",", "\r\n") if with_csv else b""
+    return join_rows(xml_parts, m, "", ""), join_rows(csv_parts, m, ",", "\r\n") if with_csv else b""

@@ -146,49 +146,63 @@ def _deflate_chunk(data: bytes, level: int) -> bytes:
     return c.compress(data) + c.flush(deflate_lib.Z_SYNC_FLUSH)
 
 
+class _InOrder:
+    """Tasks run on a pool of threads, their results taken in the order they were given,
+    at most ``ahead`` of them waiting: the writer's one concurrency beside its process
+    (deflate and file writes release the GIL, so they run beside the encoding)."""
+
+    def __init__(self, workers: int, ahead: int, name: str):
+        self.ahead = ahead
+        self.pending: collections.deque = collections.deque()
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix=name)
+
+    def submit(self, fn, *args) -> list:
+        """Start ``fn(*args)``; the results of the oldest tasks that are done (waiting for
+        the oldest while more than ``ahead`` are pending). A task's error is raised here."""
+        self.pending.append(self.pool.submit(fn, *args))
+        done = []
+        while self.pending and (len(self.pending) > self.ahead or self.pending[0].done()):
+            done.append(self.pending.popleft().result())
+        return done
+
+    def finish(self) -> list:
+        """The results of the tasks still pending, in order; the pool ends."""
+        try:
+            return [self.pending.popleft().result() for _ in range(len(self.pending))]
+        finally:
+            self.pending.clear()
+            self.pool.shutdown()
+
+
 class _ParallelDeflate:
     """The compressor of a big zip entry: zipfile's writer hands it each chunk (and
     writes what it returns), and it deflates the chunks on a pool of threads, each
     chunk on its own (pigz's way; the first 32 KB of each 5 MB chunk compress a little
-    worse), returning their outputs in order.  zlib releases the GIL while it deflates,
-    so this runs beside the encoding of the next chunks: on the 100k-entry pair of
-    bench/compare.py the main sheet's 353 MB took 1.75 s of deflate alone, as much as
-    encoding it.  The threads take the GIL back at each of zlib's output blocks and
-    wait up to the switch interval each time the encoding thread holds it: at
-    Python's default 5 ms the sheet was written as if serially, hence
-    ``SWITCH_INTERVAL_S`` while the pool runs (the caller's interval is restored).
-    The compare's one concurrency beside its process: these threads.
+    worse), returning their outputs in order.  The deflate releases the GIL, so this
+    runs beside the encoding of the next chunks (bench/xlsx.py).  The threads take the
+    GIL back at each of the deflate's output blocks and wait up to the switch interval
+    each time the encoding thread holds it: at Python's default 5 ms the sheet was
+    written as if serially, hence ``SWITCH_INTERVAL_S`` while the pool runs (the
+    caller's interval is restored).
 
     The output depends on the chunks, not on the number of threads."""
 
     def __init__(self, level: int, workers: int):
-        self.level, self.ahead = level, 2 * workers
-        self.pending: collections.deque = collections.deque()
+        self.level = level
         self.interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self.interval, SWITCH_INTERVAL_S))
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="probe-xlsx-deflate")
+        self.work = _InOrder(workers, 2 * workers, "probe-xlsx-deflate")
 
     def compress(self, data: bytes) -> bytes:
-        self.pending.append(self.pool.submit(_deflate_chunk, data, self.level))
-        done = []
-        while self.pending and (len(self.pending) > self.ahead or self.pending[0].done()):
-            done.append(self.pending.popleft().result())
-        return b"".join(done)
+        return b"".join(self.work.submit(_deflate_chunk, data, self.level))
 
     def flush(self) -> bytes:
-        """The rest, and the stream's final (empty) block."""
+        """The rest, and the stream's final (empty) block (zipfile calls it once)."""
         try:
-            rest = [f.result() for f in self.pending]
-            return b"".join(rest) + deflate_lib.compressobj(self.level, deflate_lib.DEFLATED, -15).flush()
+            rest = self.work.finish()
         finally:
-            self.close()
-
-    def close(self):
-        if self.pool is not None:
-            self.pending.clear()
-            self.pool.shutdown()
-            self.pool = None
             sys.setswitchinterval(self.interval)
+        return b"".join(rest) + deflate_lib.compressobj(self.level, deflate_lib.DEFLATED, -15).flush()
 
 
 class _WriteBehind:
@@ -198,20 +212,15 @@ class _WriteBehind:
 
     def __init__(self, fh):
         self.fh = fh
-        self.pending: collections.deque = collections.deque()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="probe-csv-writer")
+        self.work = _InOrder(1, 4, "probe-csv-writer")
 
     def write(self, data: bytes):
-        self.pending.append(self.pool.submit(self.fh.write, data))
-        while self.pending and (len(self.pending) > 4 or self.pending[0].done()):
-            self.pending.popleft().result()
+        self.work.submit(self.fh.write, data)
 
     def close(self):
         try:
-            while self.pending:
-                self.pending.popleft().result()
+            self.work.finish()
         finally:
-            self.pool.shutdown()
             self.fh.close()
 
 
