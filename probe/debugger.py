@@ -27,6 +27,7 @@ from probe.dump.draws import DrawHandler
 from probe.dump.writer import DumpWriter
 from probe.errors import ConfigError
 from probe.hook_module.interceptor import Interceptor
+from probe.inference.token_layout import write_layout
 from probe.hook_module.registry import load_registry, resolve
 from probe.log_once import LogOnce
 from probe.rank import current_rank
@@ -86,6 +87,7 @@ class PrecisionDebugger:
         self._whole = []          # module_dump requests (_WholeModule)
         self._meta_mark = None
         self._dir_step = None
+        self._layout = None       # StepLayout of the current step (inference), written at step()
         previous = PrecisionDebugger._current and PrecisionDebugger._current()
         if previous is not None:
             previous.close()
@@ -152,6 +154,9 @@ class PrecisionDebugger:
         if self._writer is not None and self._dir_step == self.current_step:
             self._write_meta(only_if_grown=True)   # backward entries that arrived after stop() add to construct.json
             self._writer.sync()
+            if self._layout is not None:
+                write_layout(self._step_dir(self.current_step, current_rank()), self._layout)
+        self._layout = None
         for part in (self._collector, self._modules, self._kernels, self._tracker, self._graphs):
             if part is not None:
                 part.reset_step()
@@ -162,6 +167,22 @@ class PrecisionDebugger:
             # the step's draws written next to its dump.json; a bench run (random_from) that
             # took fewer draws than the NPU run made gets its DrawMismatch here
             self._draws.end_step()
+
+    def set_step_layout(self, layout, step=None):
+        """Record an inference step's token layout (``probe.inference.token_layout.StepLayout``).
+
+        For the current step (``step`` None) it is written as ``token_layout.json`` when the
+        step ends, a later call replacing an earlier one. An earlier step's layout (the tokens
+        a step produced are known only after it, to HF at the next forward) is rewritten in
+        place. A step that is not dumped keeps none.
+        """
+        if step is None or step == self.current_step:
+            if self._dir_step == self.current_step:
+                self._layout = layout
+            return
+        folder = self._step_dir(step, current_rank())
+        if os.path.isdir(folder):
+            write_layout(folder, layout)
 
     def module_dump(self, module, name):
         """Dump ``module`` as one entry ``Module.{name}.{Class}``, nothing inside it."""
