@@ -322,17 +322,17 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
         json_name = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
         write_page(result, diag, digest, page, {"xlsx": xlsx_path, "json": json_name if digest is not None else None})
         paths.append(page)
-        _latest(page, os.path.join(d, "compare_report.html"))
+        link_latest(page, os.path.join(d, "compare_report.html"))
     if digest is not None:
         json_path = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
         summary_json.write(json_path, digest)
         paths.append(json_path)
         # a fixed name for scripts and CI: the latest run's summary (atomic: ranks may race)
-        _latest(json_path, os.path.join(d, "compare_summary.json"))
+        link_latest(json_path, os.path.join(d, "compare_summary.json"))
     return paths
 
 
-def _latest(path: str, fixed: str) -> None:
+def link_latest(path: str, fixed: str) -> None:
     """``fixed`` becomes the latest compare's file: a hard link where the file system has
     them (a big page is not copied), else a copy; replaced atomically (ranks may race)."""
     tmp = f"{fixed}.{os.getpid()}.tmp"
