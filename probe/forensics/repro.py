@@ -30,8 +30,8 @@ from probe.compare.dump_tree import find_dumps
 from probe.compare.reader import read_dump
 from probe.compare.tensors import resolve as _resolve_data
 from probe.errors import ConfigError
-from probe.written_whole import replaced_when_written
 from probe.vocabulary import BACKWARD, FORWARD, MAX, MEAN, MIN, parse_entry_name
+from probe.written_whole import replaced_when_written
 
 _PREFIX_EXPR = {
     "Functional": "torch.nn.functional.{}",
