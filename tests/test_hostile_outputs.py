@@ -321,3 +321,55 @@ def test_run_page_links_stay_links(hostile, browser, tmp_path):
     link.click()                          # opens the pair's page, runs nothing
     _open(browser, str(page))
     _untouched(browser, "probe compare: dump.json")
+
+
+# ---------------------------------------------------------------- written whole
+
+def test_a_failed_compare_leaves_the_previous_outputs_as_they_were(hostile, tmp_path, monkeypatch):
+    from probe.compare import summary_json
+    out = tmp_path / "out"
+    _compare(hostile["npu"], hostile["bench"], out)
+    before = {name: (out / name).read_bytes() for name in os.listdir(out)}
+
+    def disk_full(path, summary):         # the last file of a compare: written half, then the disk is full
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write('{"schema": ')
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(summary_json, "write", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        _compare(hostile["npu"], hostile["bench"], out)
+    after = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    assert after == before            # no new file, no temporary one, the latest page and summary kept
+
+
+# ---------------------------------------------------------------- Excel's row limit
+
+def test_rows_past_excels_limit_are_split_over_sheets(hostile, tmp_path, monkeypatch, caplog):
+    from probe.compare.report import MAIN_SHEET
+    from probe.compare.xlsx import sheets
+    caplog.set_level(logging.INFO, logger="probe")
+    monkeypatch.setattr(sheets, "EXCEL_MAX_ROWS", 51)           # 50 rows a sheet: 158 rows are 4 sheets
+    xlsx, csv_path, _, summary = _compare(hostile["npu"], hostile["bench"], tmp_path / "out")
+    with open(csv_path, encoding="utf-8", newline="") as fh:
+        rows = list(csv.reader(fh))
+    assert len(rows) == 159                                       # the CSV holds them all
+    wb = openpyxl.load_workbook(xlsx)
+    parts = [MAIN_SHEET] + [f"{MAIN_SHEET} ({k})" for k in (2, 3, 4)]
+    assert wb.sheetnames == parts + ["Summary", "Diagnosis"] and wb.active.title == "Summary"
+    names = []
+    for name in parts:
+        ws = wb[name]
+        assert [c.value for c in ws[1]] == rows[0] and ws.max_row <= 51
+        names += [r[0].value for r in ws.iter_rows(min_row=2)]
+    assert names == [r[0] for r in rows[1:]]                      # in order, none lost or repeated
+    # every row's place, as the Summary's links give it
+    for k in (0, 49, 50, 157):
+        sheet, _, cell = sheets.row_link(MAIN_SHEET, k).rpartition("!")
+        assert wb[sheet.strip("'")][cell].value == rows[k + 1][0], k
+    # said in the Summary, the summary json and the console
+    note = [r[1].value for r in wb["Summary"].iter_rows(min_row=2) if r[0].value == "note"]
+    assert any("158 rows are past Excel's 51 rows a sheet" in n and "4 sheets" in n for n in note), note
+    with open(summary, encoding="utf-8") as fh:
+        assert any("4 sheets" in n for n in json.load(fh)["notes"])
+    said = [r.getMessage() for r in caplog.records if "4 sheets" in r.getMessage()]
+    assert any(m.startswith("[probe compare]") for m in said), said
