@@ -20,7 +20,13 @@ _EDGE_SPACE = re.compile(r"\s\x00|\x00\s")
 # the CSV and in the workbook alike (a workbook re-saved as CSV keeps it). Numbers are
 # numbers, not texts: a negative one is written as it is.
 FORMULA_LEADS = frozenset("=+-@\t\r")
-_FORMULA_LEAD = re.compile(r"(?:\A|\x00)[=+\-@\t\r]")
+
+
+def _formula_lead(joined: str) -> bool:
+    """Whether a text of ``joined`` (texts joined by NUL) starts as a formula could. Each
+    character is looked for alone first (memchr: ~1 us for a chunk of names), with its NUL
+    only where it is there at all (a regex over the chunk took ~200x as long)."""
+    return joined[:1] in FORMULA_LEADS or any(c in joined and "\x00" + c in joined for c in FORMULA_LEADS)
 # A cell is "<c" + its style attribute + one of these bodies.
 _EMPTY = "/>"
 _NUM = "><v>%s</v></c>"
@@ -64,9 +70,13 @@ def neutral(text: str) -> str:
     return "'" + text if text[:1] in FORMULA_LEADS else text
 
 
-def neutral_texts(texts: list) -> list:
-    """``neutral`` of each text; the list itself where none needs it (one regex pass)."""
-    if _FORMULA_LEAD.search("\x00".join(texts)) is None:
+def neutral_texts(texts: list, joined: str | None = None) -> list:
+    """``neutral`` of each text; the list itself where none needs it. ``joined``: the
+    texts joined with nothing between them, where the caller has it: a column with none
+    of the characters at all (names) is told from it alone."""
+    if joined is None:
+        joined = "".join(texts)
+    if not any(c in joined for c in FORMULA_LEADS) or not _formula_lead("\x00".join(texts)):
         return texts
     return [neutral(t) for t in texts]
 
@@ -255,7 +265,7 @@ def _plain_texts(col: list) -> list | None:
         return None
     if " " in joined and any(t[:1] == " " or t[-1:] == " " for t in col):
         return None
-    return neutral_texts(col)
+    return neutral_texts(col, joined)
 
 
 def _str_column(col: list, has_none: bool) -> tuple[list, list]:
@@ -263,7 +273,7 @@ def _str_column(col: list, has_none: bool) -> tuple[list, list]:
     big = "\x00".join(texts)
     if big.count("\x00") != len(col) - 1:            # a cell holds NUL itself: cell by cell
         return list(map(cell_body, col)), list(map(csv_field, col))
-    if _FORMULA_LEAD.search(big) is not None:
+    if _formula_lead(big):
         texts = list(map(neutral, texts))
         big = "\x00".join(texts)
     plain_csv = "," not in big and '"' not in big and "\n" not in big and "\r" not in big
