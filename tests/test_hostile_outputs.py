@@ -373,3 +373,18 @@ def test_rows_past_excels_limit_are_split_over_sheets(hostile, tmp_path, monkeyp
         assert any("4 sheets" in n for n in json.load(fh)["notes"])
     said = [r.getMessage() for r in caplog.records if "4 sheets" in r.getMessage()]
     assert any(m.startswith("[probe compare]") for m in said), said
+
+
+def test_a_whole_run_writes_hostile_names_too(hostile, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from probe.compare import compare_run
+    pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    with ThreadPoolExecutor(1) as pool:
+        run = compare_run(str(hostile["root"] / "npu"), str(hostile["root"] / "bench"), str(tmp_path / "out"),
+                          executor=pool)
+    assert [o.error for o in run.outcomes] == [None]              # the pair was written, not lost
+    table = pq.read_table(str(tmp_path / "out" / "diagnosis.parquet")).to_pydict()
+    assert "Functional.layer_norm\ufffd.0.forward" in table["npu_entry"]
+    assert any(p.endswith(".xlsx") and "compare_run_" in p for p in run.paths)
