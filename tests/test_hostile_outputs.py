@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 
 import openpyxl
 import pytest
@@ -388,3 +389,35 @@ def test_a_whole_run_writes_hostile_names_too(hostile, tmp_path):
     table = pq.read_table(str(tmp_path / "out" / "diagnosis.parquet")).to_pydict()
     assert "Functional.layer_norm\ufffd.0.forward" in table["npu_entry"]
     assert any(p.endswith(".xlsx") and "compare_run_" in p for p in run.paths)
+
+
+def test_both_joins_write_hostile_cells_alike(tmp_path, monkeypatch):
+    """The C join and its Python twin give the same workbook and CSV for hostile texts
+    (formula leads, a lone surrogate, quotes, NUL-free control characters)."""
+    from probe.compare.xlsx import Sheet, cells, write_workbook
+    try:
+        from probe.compare.xlsx._cjoin import join_rows as c_join
+    except ImportError:
+        pytest.skip("the C join is not built")
+    texts = list(RENAME.values()) + ["=1+1", "-", "+", "@x", "\r=x", "plain", "'=already", "a\u2028b"]
+    n = len(texts) * 40
+    cols = [[texts[k % len(texts)] + ("" if k % 3 else f".{k}") for k in range(n)],
+            [float(-k) / 7 for k in range(n)], [texts[k % 5] for k in range(n)]]
+    out = {}
+    for label, join in (("c", c_join), ("py", cells.join_rows_py)):
+        monkeypatch.setattr(cells, "join_rows", join)
+        xlsx, csv_path = tmp_path / f"{label}.xlsx", tmp_path / f"{label}.csv"
+        write_workbook(str(xlsx), [Sheet("rows", ["name", "x", "repeated"], cols, csv_path=str(csv_path))])
+        with zipfile.ZipFile(xlsx) as z:
+            out[label] = ([z.read(m) for m in sorted(z.namelist())], csv_path.read_bytes())
+    assert out["c"] == out["py"]
+    ws = openpyxl.load_workbook(str(tmp_path / "c.xlsx"))["rows"]
+    values = [[c.value for c in row] for row in ws.iter_rows(min_row=2)]
+    assert all(isinstance(v[1], float) for v in values) and values[1][1] < 0      # numbers stay numbers
+    assert not [v for row in values for v in (row[0], row[2]) if v.startswith(FORMULA)]
+    assert any("\ufffd" in row[0] for row in values)
+    with open(tmp_path / "c.csv", encoding="utf-8", newline="") as fh:
+        rows = list(csv.reader(fh))[1:]
+    want = [("'" + t if t.startswith(FORMULA) else t).replace("\ud800", "\ufffd") for t in cols[0]]
+    assert [r[0] for r in rows] == want
+    assert [v[0] for v in values] == [t.replace("\r", "\n") for t in want]    # XML reads a CR as LF
