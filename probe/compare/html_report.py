@@ -204,8 +204,9 @@ def script_json(data, option: int = 0) -> tuple:
         if "surrogates" not in str(exc):
             raise
         raw, replaced = orjson.dumps(lone_surrogates.replace_in(data), default=_plain, option=option), True
+    wide = b"\xe2" in raw               # the lead byte of U+2028/2029: their (slower) search only then
     for unsafe, escaped in _SCRIPT_UNSAFE:
-        if unsafe in raw:
+        if (len(unsafe) == 1 or wide) and unsafe in raw:
             raw = raw.replace(unsafe, escaped)
     return raw, replaced
 
