@@ -96,16 +96,21 @@ def test_repro_script_keeps_hostile_values_as_text(tmp_path):
 
 
 def test_repro_refuses_an_entry_that_is_not_a_plain_api(tmp_path, capsys):
+    """The script calls the entry's API by name: a name that is not identifiers between
+    dots would be code in the script."""
     dump_json = _tensor_dump(tmp_path / "dump")
     with open(dump_json, encoding="utf-8") as fh:
         doc = json.load(fh)
-    bad = "Custom.x;__import__('os').system('touch PWNED');y.op.0.forward"
-    doc["data"][bad] = doc["data"]["Functional.gelu.0.forward"]
+    bad = {"Custom.x;__import__('os').system('touch PWNED');y.op.0.forward": "custom op",
+           "Functional.gelu(__import__('os').system('touch PWNED')).0.forward": "not an API name"}
+    for name in bad:
+        doc["data"][name] = doc["data"]["Functional.gelu.0.forward"]
     with open(dump_json, "w", encoding="utf-8") as fh:
         json.dump(doc, fh)
-    assert cli_main(["repro", str(tmp_path / "dump"), "--api", bad, "-o", str(tmp_path / "c.py")]) == 2
-    err = capsys.readouterr().err
-    assert "custom op" in err and len(err.strip().splitlines()) == 1
+    for name, said in bad.items():
+        assert cli_main(["repro", str(tmp_path / "dump"), "--api", name, "-o", str(tmp_path / "c.py")]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "c.py").exists() and not glob.glob(str(tmp_path / "c.py.*"))
 
 

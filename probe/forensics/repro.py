@@ -69,8 +69,10 @@ def api_expr(api):
                               "(letters, digits, underscores)")
         return f"torch.ops.{ns}.{op}"
     fmt = _PREFIX_EXPR.get(prefix)
-    if fmt is None or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", rest):
-        raise ConfigError(f"{api}: unknown API prefix {prefix!r} (known: {', '.join(_PREFIX_EXPR)}, Custom)")
+    if fmt is None:
+        raise ConfigError(f"{api!r}: unknown API prefix {prefix!r} (known: {', '.join(_PREFIX_EXPR)}, Custom)")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", rest):
+        raise ConfigError(f"{api!r}: not an API name (letters, digits and underscores between dots)")
     return fmt.format(rest)
 
 
