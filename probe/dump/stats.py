@@ -72,6 +72,20 @@ def reductions(t):
     return device_reductions(t)
 
 
+def row_summaries(t, rows):
+    """One [Max, Min, Mean, Norm] per row of ``t`` seen as ``[rows, -1]``, reduced in one
+    compiled pass exactly as ``reductions`` reduces a whole tensor, for a plain CPU tensor
+    of a floating dtype ``_cstats`` reads; None for every other tensor (the caller reduces
+    it with torch)."""
+    kind = _KINDS.get(t.dtype)
+    if (kind is None or not t.dtype.is_floating_point or type(t) not in _PLAIN_TYPES or not t.is_cpu
+            or t.layout is not _STRIDED or t.is_neg() or not t.numel()):
+        return None
+    if not t.is_contiguous():
+        t = t.detach().contiguous()
+    return _cstats.summarize_rows(t.data_ptr(), rows, t.numel() // rows, kind)
+
+
 def device_reductions(t):
     """The reductions of ``t`` started where it lives, as 0-d tensors (a ``Pending``):
     no host sync until ``fetch``. The path of every accelerator tensor."""
