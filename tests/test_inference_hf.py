@@ -316,3 +316,31 @@ def test_config_key_and_misuse(dump_dir, tmp_path):
     dbg.stop()
     assert dbg.current_step == 2
     dbg.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_rows_torch_path_agrees_with_the_compiled_one(dtype):
+    """An accelerator's tensors take the torch path (reductions started on the device, fetched
+    for all tensors at the flush); on the hidden states of a real forward (a NaN row, an
+    infinite one, left padding) it gives what the CPU's compiled loop gives."""
+    from probe.inference import token_stats
+    model = _model("llama").to(dtype)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[PROMPTS[0][1]] = float("nan")
+        model.model.embed_tokens.weight[PROMPTS[2][0], 3] = float("inf")
+        ids, mask = _left_padded(PROMPTS)
+        hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    shape = tuple(ids.shape)
+    rows = math.prod(shape)
+    compiled = [token_stats.row_reductions(h, shape) for h in hidden]
+    assert all(r.values is not None for r in compiled)       # the CPU's one-pass loop
+    pending = [token_stats.device_row_reductions(h, rows) for h in hidden]
+    assert all(p.values is None for p in pending)
+    token_stats.fetch_all(pending + pending[:1])              # one transfer; a shared one resolved once
+    nan_rows = inf_rows = 0
+    for c, p in zip(compiled, pending):
+        for a, b in zip(c.values, p.values):
+            assert a == pytest.approx(b, rel=1e-6, abs=1e-6, nan_ok=True)
+            nan_rows += math.isnan(a[0])
+            inf_rows += a[0] == math.inf
+    assert nan_rows and inf_rows
