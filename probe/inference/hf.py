@@ -98,6 +98,8 @@ class HfGenerateHook:
         return None
 
     def _post(self, module, args, kwargs, output):
+        if not self._depth:      # a forward that began before attach()
+            return None
         self._depth -= 1
         if self._depth == 0:
             self._end()
