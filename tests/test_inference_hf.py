@@ -341,3 +341,33 @@ def test_token_rows_torch_path_agrees_with_the_compiled_one(dtype):
             nan_rows += math.isnan(a[0])
             inf_rows += a[0] == math.inf
     assert nan_rows and inf_rows
+
+
+def test_hand_written_decode_loop_outside_generate(dump_dir):
+    """Forwards outside ``generate``: one on an empty cache starts a batch (a call of its own),
+    one continuing the cache continues it, so its input ids are what the previous step
+    produced; the next empty-cache forward is a new batch."""
+    model = _model("llama")
+    ids, mask = _left_padded(PROMPTS[:2])
+    dbg = PrecisionDebugger(dump_path=dump_dir, task="statistics", level="L1", inference=True)
+    dbg.start(model)
+    chosen = []
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        for _ in range(2):
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            chosen.append(nxt[:, 0].tolist())
+            mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+            out = model(input_ids=nxt, attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
+        model(input_ids=torch.tensor([PROMPTS[2]]))
+    dbg.stop()
+    dbg.close()
+    layouts = _layouts(dump_dir)
+    assert sorted(layouts) == [0, 1, 2, 3]
+    assert layouts[0]["prompts"] == {"g0r0": PROMPTS[0], "g0r1": PROMPTS[1]}
+    for step in (0, 1):
+        assert layouts[step]["produced"] == {"g0r0": chosen[step][0], "g0r1": chosen[step][1]}
+    assert layouts[1]["rows"] == [["g0r0", len(PROMPTS[0]), chosen[0][0], False],
+                                  ["g0r1", len(PROMPTS[1]), chosen[0][1], False]]
+    assert layouts[2]["produced"] == {}          # nothing showed what the last forward chose
+    assert layouts[3]["prompts"] == {"g1r0": PROMPTS[2]} and layouts[3]["produced"] == {}
