@@ -171,6 +171,7 @@ class _StepFiles:
         self.rank_dir = rank_dir
         self.broken = False
         self.count = 0
+        self.replaced = False    # an earlier run's folder was here
         header = dict(header)
         if with_tensors:
             header["dump_data_dir"] = os.path.join(rank_dir, "dump_tensor_data")
@@ -190,6 +191,7 @@ class _StepFiles:
                 os.rename(rank_dir, aside)
                 trash.append(aside)
                 os.rename(made, rank_dir)
+                self.replaced = True
         except BaseException:
             for fd in fds:
                 os.close(fd)
@@ -418,6 +420,13 @@ class DumpWriter:
         else:
             self._queue.put(_Entries(data, len(entries)))
 
+    def _said_replaced(self, rank_dir):
+        """A run into a used dump_path: said once, when the first old folder is replaced."""
+        step_dir = os.path.dirname(rank_dir)
+        self._said.warning("replaced", "probe: dump_path %s holds an earlier dump (%s): this run replaces each "
+                           "step folder of this rank that it dumps; the earlier run's other steps stay as they were",
+                           os.path.dirname(step_dir), os.path.join(os.path.basename(step_dir), os.path.basename(rank_dir)))
+
     def _report(self, exc):
         self._said.error("write", "probe: writing dump files failed (%s: %s); training goes on, each dump.json "
                         "keeps its last complete flush", type(exc).__name__, exc)
@@ -451,6 +460,8 @@ class DumpWriter:
                         self._current = _StepFiles(item.rank_dir, self.header, item.with_tensors, trash)
                     finally:
                         self._opened.set()
+                    if self._current.replaced:
+                        self._said_replaced(item.rank_dir)
                 elif kind is _Meta:
                     if current is not None:
                         current.write_meta(item.stack_parts, item.construct)
