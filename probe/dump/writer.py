@@ -343,10 +343,24 @@ class DumpWriter:
             return
         size = array.nbytes
         with self._bytes_cv:
-            while self._bytes and self._bytes + size > _MAX_PENDING_BYTES:
-                self._bytes_cv.wait()
+            self._wait_room(size)
             self._bytes += size
         self._queue.put(_Tensor(file_name, array))
+
+    def wait_for_room(self, size):
+        """Wait until ``size`` more bytes fit in the queue: called before a tensor's host
+        copy is made, so that a tensor past the bound is copied once the copies before it
+        are on disk, not held beside them (two 1 GiB copies where one would do)."""
+        if _Process.pid != self._pid:
+            return
+        with self._bytes_cv:
+            self._wait_room(size)
+
+    def _wait_room(self, size):
+        while self._bytes and self._bytes + size > _MAX_PENDING_BYTES:
+            if not self._thread.is_alive():
+                return
+            self._bytes_cv.wait(0.5)
 
     def write_meta(self, stack_parts, construct_json):
         """stack.json (``StackTable.parts()``) and construct.json, after the entries so far."""
@@ -478,3 +492,6 @@ class DumpWriter:
                     shutil.rmtree(trash.pop(), ignore_errors=True)
             except Exception as exc:  # never kill the thread: report once, keep going
                 self._report(exc)
+            # Not held while waiting for the next item: a written tensor's host copy (1 GiB
+            # for a 1 GiB tensor) is freed now, not when the next item arrives.
+            item = current = None
