@@ -244,6 +244,7 @@ def test_step_range_edges_decide_which_steps_are_dumped(make_debugger, dump_dir)
         torch.exp(torch.ones(2))
         dbg.stop()
         dbg.step()
+    dbg.close()
     assert sorted(os.listdir(dump_dir)) == ["step1", "step2", "step4"]
 
 
