@@ -15,9 +15,12 @@ log = logging.getLogger(__name__)
 _DEFAULTS = DEFAULT.keywords()
 
 
-def _param(d: dict, *keys):
+def param_path(d: dict, *keys):
+    """The first of ``keys`` that ``d`` gives: a path, so a string (ConfigError for anything else)."""
     for k in keys:
         if d.get(k):
+            if not isinstance(d[k], str):
+                raise ConfigError(f"{k} must be a path (a string), got {type(d[k]).__name__}: {str(d[k])[:80]!r}")
             return d[k]
     return None
 
@@ -48,9 +51,9 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     options = resolve_options("compare", options, {**given, **keywords}, ("options", "tag", "workers", "progress"))
     if not isinstance(dump_result_param, dict):
         raise ConfigError("dump_result_param must be a dict with npu_json_path and bench_json_path")
-    npu = _param(dump_result_param, "npu_json_path", "npu_path")
-    bench = _param(dump_result_param, "bench_json_path", "bench_path")
-    stack = _param(dump_result_param, "stack_json_path", "stack_path")
+    npu = param_path(dump_result_param, "npu_json_path", "npu_path")
+    bench = param_path(dump_result_param, "bench_json_path", "bench_path")
+    stack = param_path(dump_result_param, "stack_json_path", "stack_path")
     if not npu or not bench:
         raise ConfigError("dump_result_param needs npu_json_path and bench_json_path")
     for p in (npu, bench):
@@ -59,7 +62,7 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     if stack is None:
         guess = os.path.join(os.path.dirname(npu), "stack.json")
         stack = guess if os.path.isfile(guess) else None
-    bench2 = _param(dump_result_param, "bench2_json_path", "bench2_path")
+    bench2 = param_path(dump_result_param, "bench2_json_path", "bench2_path")
     if bench2 and not os.path.isfile(bench2):
         raise FileNotFoundError(f"dump.json not found: {bench2}")
     verbose = dump_result_param.get("is_print_compare_log", True)

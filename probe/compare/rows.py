@@ -17,6 +17,7 @@ import numpy as np
 from msgspec import UNSET
 
 from .reader import Entry, Leaf
+from probe.errors import DumpError
 from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS, PARAMETERS_GRAD, STAT_KEYS, parse_entry_name
 from probe.vocabulary import direction  # noqa: F401  (engine reads it from here)
 
@@ -123,7 +124,10 @@ def _num(x) -> float:
     if isinstance(x, bool):
         return float(x)
     if isinstance(x, (int, float)):
-        return float(x)
+        try:
+            return float(x)
+        except OverflowError:           # an integer beyond float64: infinite, as 1e400 reads
+            return math.copysign(math.inf, x)
     return _NAN
 
 
@@ -140,7 +144,7 @@ def _leaf(name, entry, io, leaf, store: array) -> Row:
     if kind_type in _TENSOR_TYPES or leaf.dtype is not UNSET and leaf.shape is not UNSET:   # both keys there
         try:
             store.fromlist(list(_stats_of_leaf(leaf)))     # all or none of them
-        except TypeError:                                  # None, text: NaN
+        except (TypeError, OverflowError):                 # None, text: NaN; 10**400: inf
             store.extend(map(_num, _stats_of_leaf(leaf)))
         dtype = leaf.dtype if leaf.dtype is not UNSET else None
         dtype = _dtypes.setdefault(dtype, dtype) if type(dtype) is str else str(dtype)
@@ -175,10 +179,17 @@ def _walk(name, entry, io, data, out, store, index_lists=True):
                 _walk(item_name, entry, io, item, out, store, index_lists)
     elif isinstance(data, dict):
         if isinstance(data.get("type"), str):
-            out.append(_leaf(name, entry, io, msgspec.convert(data, Leaf), store))
+            try:
+                leaf = msgspec.convert(data, Leaf)
+            except msgspec.ValidationError as exc:      # text for a shape, a list for a data_name
+                raise DumpError(f"entry {entry!r}: {name}: {exc}") from None
+            out.append(_leaf(name, entry, io, leaf, store))
         else:
             for key, item in data.items():
                 _walk(f"{name}.{key}", entry, io, item, out, store, index_lists)
+    else:       # a bare number or text where a description ({"type": ...}), a list or null belongs
+        raise DumpError(f"entry {entry!r}: {name}: expected an object with a \"type\", a list or null, "
+                        f"got {type(data).__name__} {str(data)[:40]!r}")
 
 
 def _entry_rows(entry_name: str, entry: Entry, out: list, store: array) -> None:
