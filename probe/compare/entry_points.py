@@ -20,7 +20,7 @@ def param_path(d: dict, *keys):
     for k in keys:
         if d.get(k):
             if not isinstance(d[k], str):
-                raise ConfigError(f"{k} must be a path (a string), got {type(d[k]).__name__}: {str(d[k])[:80]!r}")
+                raise ConfigError(f"{k} must be a path (a string), got {type(d[k]).__name__}")
             return d[k]
     return None
 

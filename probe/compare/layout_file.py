@@ -83,7 +83,7 @@ class LayoutRules:
 
 def load_layout_file(path: str) -> LayoutRules:
     """The validated rules of ``path``; ConfigError (one line) for anything else."""
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise ConfigError(f"layout file {path}: not found")
     text = decode_text(read_bytes(path), path, "layout file")   # a regular file of UTF-8 text
     try:

@@ -250,6 +250,9 @@ def _read(path: str, meta: DumpMeta, stream: bool, typed: bool):
                     if key in _HEADER:
                         _set_header(meta, key, value)
         except json.JSONDecodeError as exc:
+            if "\x00" in buf.text:       # UTF-16 without a byte-order mark: NULs no JSON text holds
+                raise DumpError(f"{path}: dump.json holds NUL characters (UTF-16 text?); "
+                                "probe reads UTF-8 JSON only") from None
             meta.truncated = True
             meta.problems.append(
                 f"{path}: dump.json is truncated or damaged after {meta.entries} entries "

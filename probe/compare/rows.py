@@ -127,7 +127,7 @@ def _num(x) -> float:
         try:
             return float(x)
         except OverflowError:           # an integer beyond float64: infinite, as 1e400 reads
-            return math.copysign(math.inf, x)
+            return math.inf if x > 0 else -math.inf
     return _NAN
 
 
