@@ -62,7 +62,7 @@ class DumpMeta:
 # second pass over 100k entries.
 Leaf = msgspec.defstruct(
     "Leaf", [("type", str), ("dtype", Union[str, None, UnsetType], UNSET),     # UNSET: no such key
-             ("shape", Union[list[int], None, UnsetType], UNSET),
+             ("shape", Union[list[Optional[int]], None, UnsetType], UNSET),     # (null: a size not known)
              *[(key, Any, None) for key in STAT_KEYS],
              ("requires_grad", Any, None), ("md5", Optional[str], None), ("data_name", Optional[str], None),
              ("value", Any, None)],
@@ -329,8 +329,8 @@ def _decode_entry(name: str, raw: msgspec.Raw, path: str) -> Entry | dict:
 
 
 def check_entry(path: str, name, entry):
-    """``entry`` itself where it is an object (a dict), else DumpError naming it."""
-    if type(entry) is not dict:
+    """``entry`` itself where it is an object (a dict) or null (no rows), else DumpError naming it."""
+    if type(entry) is not dict and entry is not None:
         raise DumpError(f"{path}: entry {name!r} must be an object (input_args, input_kwargs, output, "
                         f"...), got {type(entry).__name__}")
     return entry
@@ -344,7 +344,7 @@ def _whole_entries(doc: dict, meta: DumpMeta):
     path = meta.path
     for name in list(data):
         entry = data.pop(name)      # dropped once the caller has it: memory goes down as rows grow
-        if type(entry) is not dict:
+        if type(entry) is not dict and entry is not None:
             check_entry(path, name, entry)
         meta.entries += 1
         yield name, entry

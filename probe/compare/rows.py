@@ -102,12 +102,22 @@ def numels(shapes) -> list:
         try:
             n = memo.get(s)
         except TypeError:           # a malformed (nested) shape
-            out.append(math.prod(s) if s is not None else 0)
+            out.append(_numel(s))
             continue
         if n is None:
-            n = memo[s] = math.prod(s) if s is not None else 0
+            n = memo[s] = _numel(s)
         out.append(n)
     return out
+
+
+def _numel(shape) -> int:
+    """Elements of ``shape``; 0 for none, or for one with a size not known (null)."""
+    if shape is None:
+        return 0
+    try:
+        return math.prod(shape)
+    except TypeError:
+        return 0
 
 
 def field_of(rows: list, name: str) -> list:
