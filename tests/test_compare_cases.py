@@ -336,7 +336,7 @@ def _odd_entries() -> dict:
                                                    {"type": "torch.dtype", "value": "torch.float16"}]},
         "Module.fc.Linear.parameters_grad": {"weight": [t], "bias": [t]},
         "Functional.op.3.forward": None,
-        "Functional.op.4.forward": {"input_args": [], "output": [t]},     # (a bare text part: a DumpError line)
+        "Functional.op.4.forward": {"input_args": "not a list", "output": [t]},
         "Tensor.__setitem__.0.forward": {"input_args": [t], "parameters": None, "output": None},   # null parts: rows
         "Functional.op.5.forward": {"input_args": [{"type": "torch.Size", "dtype": None, "shape": None,
                                                     "value": [2, 3]},      # keys there, null: a tensor row
