@@ -9,16 +9,19 @@ from __future__ import annotations
 import os
 
 from probe.errors import DumpError
-from probe.untrusted import read_json
+from probe.untrusted import inside, read_json
 from probe.vocabulary import MODULE, module_label
 
 
 def load_modules(dump_json: str) -> dict:
     """entry -> module label, for entries called inside a module; {} without construct.json.
     DumpError (one line) for a construct.json that is not an object of entry -> parent."""
-    path = os.path.join(os.path.dirname(os.path.abspath(dump_json)), "construct.json")
+    folder = os.path.dirname(os.path.abspath(dump_json))
+    path = os.path.join(folder, "construct.json")
+    if not os.path.lexists(path):
+        return {}
     try:
-        data = read_json(path, "construct.json")
+        data = read_json(inside(folder, "construct.json"), "construct.json")   # (a symlink out: refused)
     except FileNotFoundError:
         return {}
     if not isinstance(data, dict):

@@ -10,6 +10,7 @@ from probe import console_log, process_end
 from .options import DEFAULT, CompareOptions, resolve_options
 from .pair_job import compare_pair
 from probe.errors import ConfigError
+from probe.untrusted import inside
 
 log = logging.getLogger(__name__)
 _DEFAULTS = DEFAULT.keywords()
@@ -59,9 +60,10 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     for p in (npu, bench):
         if not os.path.isfile(p):
             raise FileNotFoundError(f"dump.json not found: {p}")
-    if stack is None:
+    if stack is None:       # the NPU dump's own: read only inside its folder (a symlink out: refused)
         guess = os.path.join(os.path.dirname(npu), "stack.json")
-        stack = guess if os.path.isfile(guess) else None
+        stack = inside(os.path.dirname(os.path.abspath(npu)), "stack.json", "stack.json") \
+            if os.path.lexists(guess) else None
     bench2 = param_path(dump_result_param, "bench2_json_path", "bench2_path")
     if bench2 and not os.path.isfile(bench2):
         raise FileNotFoundError(f"dump.json not found: {bench2}")
