@@ -244,3 +244,8 @@ def real_tensors():
         import contextlib
         return contextlib.nullcontext()
     return unset_fake_temporarily()
+
+# torch.load(weights_only=True) refuses every pickle but plain tensors' from 2.6 on; before
+# it, a crafted file runs code anyway (CVE-2025-32434). Read where a dump's .pt file is
+# about to be loaded (probe.compare.tensors.load_pt), so a test can set it.
+SAFE_WEIGHTS_ONLY = TORCH >= (2, 6)

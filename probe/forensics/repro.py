@@ -28,6 +28,7 @@ import torch
 
 from probe.compare.dump_tree import find_dumps
 from probe.compare.reader import read_dump
+from probe.compare.tensors import load as _load_data
 from probe.compare.tensors import resolve as _resolve_data
 from probe.errors import ConfigError
 from probe.vocabulary import BACKWARD, FORWARD, MAX, MEAN, MIN, parse_entry_name
@@ -104,23 +105,16 @@ def _torch_dtype(name):
 def load_tensor(data_dir, desc):
     """The dumped tensor of ``desc`` as a CPU tensor with its recorded dtype, or None.
 
-    .npy: ``np.load(allow_pickle=False)``; .pt: ``torch.load(map_location="cpu",
-    weights_only=True)``; a data_name that would leave ``data_dir`` is refused.
+    Read by ``probe.compare.tensors.load`` (no pickle, a regular file inside ``data_dir``,
+    .pt only on torch >= 2.6); a data_name that would leave ``data_dir`` is refused.
     """
     name = desc.get("data_name")
     if not name:
         return None
     path = _resolve_data(data_dir, name)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         return None
-    if path.endswith(".npy"):
-        t = torch.from_numpy(np.array(np.load(path, allow_pickle=False)))
-    elif path.endswith(".pt"):
-        t = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(t, torch.Tensor):
-            raise ConfigError(f"{name} does not hold a tensor")
-    else:
-        raise ConfigError(f"unknown tensor file type: {name}")
+    t = torch.from_numpy(np.array(_load_data(path)))      # a FIFO, a pickle, torch < 2.6's .pt: DumpError
     t = t.detach()
     dtype = _torch_dtype(desc.get("dtype"))
     if dtype is not None and t.dtype != dtype:
