@@ -53,6 +53,11 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
     """
     t0 = time.perf_counter()
     options = resolve_options("compare_run", options, keywords, _RUN_KEYWORDS)
+    from .tokens import is_inference_root
+    if is_inference_root(npu_root) and is_inference_root(bench_root):
+        # inference steps are never paired by number: request by request (requests.py)
+        from .requests import compare_requests
+        return compare_requests(npu_root, bench_root, output_path, options)
     npu_root, bench_root = os.path.abspath(npu_root), os.path.abspath(bench_root)
     output_path = os.path.abspath(output_path)
     from .merged_pair import plan_merges

@@ -1,0 +1,98 @@
+"""Real greedy generation runs of a tiny HF Llama, dumped step by step with token layouts.
+
+A small explicit greedy loop over the model's forward with a KV cache (``DynamicCache``): each
+forward is one dumped step (``start()``, the forward, ``stop()``, the layout, ``step()``), as
+the inference contract says (probe/inference/token_layout.py). Batched runs left-pad the
+prompts and pass ``attention_mask`` and ``position_ids``, as HF ``generate`` does; single runs
+generate one request at a time, the steps numbered on across requests. The next token is the
+argmax of the last position's logits, outside the dumped forward (as in ``generate``).
+
+``bf16`` runs the forward under CPU bf16 autocast; ``fault`` is a ``real_runs.KernelFault``
+(below the API level) whose ``new_step`` is called with each step's number.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from probe.inference.token_layout import StepLayout, TokenRow
+
+VOCAB, HIDDEN, LAYERS, PAD = 256, 128, 2, 0
+
+PROMPTS = ([5, 17, 42, 9, 77, 31], [12, 250, 3], [7, 7, 99, 120, 64, 18, 2, 201, 45], [33, 66, 71, 5, 8])
+
+
+def llama(seed=0):
+    """A tiny Llama (head_dim 32, two KV heads: grouped-query attention, fused SDPA)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+                      num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=64, pad_token_id=PAD)
+    cfg._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(cfg)
+    model.eval()
+    return model
+
+
+def _generate_batch(model, dbg, prompts, first_rid, new_tokens, step, amp, fault):
+    """Greedy decoding of ``prompts`` as one left-padded batch; returns (tokens, next step)."""
+    from transformers import DynamicCache
+    n, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((n, width), PAD, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p):] = torch.tensor(p)
+        mask[b, width - len(p):] = 1
+    rids = [f"r{first_rid + b}" for b in range(n)]
+    cache = DynamicCache()
+    out: list = [[] for _ in prompts]
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    for t in range(new_tokens):
+        if fault is not None:
+            fault.new_step(step)
+        dbg.start()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                           past_key_values=cache, use_cache=True).logits
+        dbg.stop()
+        nxt = logits[:, -1, :].float().argmax(-1)
+        mask_now = mask[:, -ids.shape[1]:]
+        rows = [TokenRow(rids[b], int(pos[b, j]) if mask_now[b, j] else -1, int(ids[b, j]), not bool(mask_now[b, j]))
+                for b in range(n) for j in range(ids.shape[1])]
+        dbg.set_step_layout(StepLayout("hf", tuple(ids.shape), rows,
+                                       produced={rids[b]: int(nxt[b]) for b in range(n)},
+                                       prompts={rids[b]: list(prompts[b]) for b in range(n)} if t == 0 else {}))
+        dbg.step()
+        step += 1
+        for b in range(n):
+            out[b].append(int(nxt[b]))
+        ids = nxt[:, None]
+        pos = pos[:, -1:] + 1
+        mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], 1)
+    return out, step
+
+
+def generate(root, prompts=PROMPTS, batched=True, new_tokens=4, bf16=False, fault=None,
+             task="tensor", seed=0, order=None):
+    """Dump a greedy generation of ``prompts`` into ``root``; return each prompt's tokens.
+
+    ``order``: the order in which a single run (``batched`` False) serves the prompts."""
+    from probe import PrecisionDebugger
+    model = llama(seed)
+    dbg = PrecisionDebugger(dump_path=str(root), task=task, level="L1")
+    tokens: dict = {}
+    try:
+        with torch.no_grad(), fault if fault is not None else contextlib.nullcontext():
+            if batched:
+                out, _ = _generate_batch(model, dbg, list(prompts), 0, new_tokens, 0, bf16, fault)
+                tokens = dict(enumerate(out))
+            else:
+                step = 0
+                for k, i in enumerate(order if order is not None else range(len(prompts))):
+                    out, step = _generate_batch(model, dbg, [prompts[i]], k, new_tokens, step, bf16, fault)
+                    tokens[i] = out[0]
+    finally:
+        dbg.close()
+    return [tokens[i] for i in range(len(prompts))]
