@@ -23,7 +23,7 @@ SUMMARY_MODES = ("statistics", "md5")
 FILE_FORMATS = ("npy", "pt")   # pt: torch.save'd CPU tensors, as msprobe writes for PyTorch
 TOP_KEYS = ("task", "dump_path", "rank", "step", "level", "seed", "is_deterministic",
             "enable_dataloader", "async_dump", "wrap_ops_yaml", "framework", "precision",
-            "backward_origin", "random_from")
+            "backward_origin", "random_from", "inference")
 SECTION_KEYS = ("scope", "list", "data_mode", "summary_mode", "file_format", "backward_input",
                 "online_run_ut", "nfs_path", "host", "port", "overflow_nums", "check_mode")
 _PATH_RE = re.compile(r"^[A-Za-z0-9_./\-]+$")
@@ -43,6 +43,7 @@ class DumpConfig:
     backward_origin: bool = False   # name the forward API behind a failing backward (costs ~40 us/call)
     wrap_ops_yaml: Optional[str] = None
     random_from: Optional[str] = None   # an NPU dump root whose random draws this (bench) run takes
+    inference: bool = False     # each forward of start(model)'s model is a step (probe.inference)
     scope: tuple = ()
     list: tuple = ()
     data_mode: tuple = ("all",)
@@ -234,7 +235,7 @@ def _check_top_level(top, src, source, config_path, keywords) -> dict:
         if isinstance(top["seed"], bool) or not isinstance(top["seed"], int) or not 0 <= top["seed"] < 2 ** 32:
             _fail(src("seed"), "seed", f"must be an int in [0, 2**32), got {top['seed']!r}")
         cfg["seed"] = top["seed"]
-    for key in ("is_deterministic", "enable_dataloader", "async_dump", "backward_origin"):
+    for key in ("is_deterministic", "enable_dataloader", "async_dump", "backward_origin", "inference"):
         if key in top:
             cfg[key] = _check_bool(src(key), key, top[key])
     if top.get("wrap_ops_yaml") is not None:

@@ -27,8 +27,8 @@ from probe.dump.draws import DrawHandler
 from probe.dump.writer import DumpWriter
 from probe.errors import ConfigError
 from probe.hook_module.interceptor import Interceptor
-from probe.inference.token_layout import write_layout
 from probe.hook_module.registry import load_registry, resolve
+from probe.inference.token_layout import write_layout
 from probe.log_once import LogOnce
 from probe.rank import current_rank
 from probe.seed import seed_all
@@ -88,6 +88,7 @@ class PrecisionDebugger:
         self._meta_mark = None
         self._dir_step = None
         self._layout = None       # StepLayout of the current step (inference), written at step()
+        self._inference = None    # inference.hf.HfGenerateHook: each forward of the model is a step
         previous = PrecisionDebugger._current and PrecisionDebugger._current()
         if previous is not None:
             previous.close()
@@ -97,16 +98,27 @@ class PrecisionDebugger:
 
     # ---- msprobe's interface -------------------------------------------------
     def start(self, model=None):
-        """Begin (or resume) dumping the current step."""
+        """Begin (or resume) dumping the current step.
+
+        With ``inference`` on, begin dumping ``model``'s inference instead: from here to
+        ``stop()`` each forward of the model is one step (``probe.inference.hf``)."""
         if self._started:
             self._misuse("start", "start() called again without stop(): the dump goes on as one")
+            if self._inference is not None and self._inference.attached:
+                return
         self._started = self._step_started = True
         if model is not None:
             self.model = model
         level = self.config.level
+        if self.config.inference:
+            self._start_inference()
+            return
         if level in ("L0", "mix") and self.model is None:
             raise ConfigError(f"{self.config.source}: level: {level} dumps modules: pass the model, "
                               f"start(model) or PrecisionDebugger(..., model=model)")
+        self._open_step()
+
+    def _open_step(self):
         if self._active:
             return
         rank = current_rank()
@@ -131,10 +143,15 @@ class PrecisionDebugger:
         """
         if not self._started:
             self._misuse("stop", "stop() called without start(): nothing to stop")
+        if self._inference is not None:
+            self._inference.detach()
         self._stop()
 
     def _stop(self):
         self._started = False
+        self._pause()
+
+    def _pause(self):
         if self._active:
             self._active = False
             self._detach()
@@ -142,6 +159,10 @@ class PrecisionDebugger:
 
     def step(self):
         """End the step: its files are complete on disk when this returns."""
+        if self.config.inference:
+            self._misuse("step-inference", "inference: true: each forward of the model is a step; "
+                                           "step() is not needed and does nothing")
+            return
         if self._started:
             self._misuse("step", "step() called between start() and stop(): the dump stopped at "
                                  "step(); calls until the next start() are not recorded")
@@ -149,6 +170,14 @@ class PrecisionDebugger:
             self._misuse("step-idle", f"step() without start() during step {self.current_step}: nothing was dumped")
         self._step_started = False
         self._stop()
+        self._finish_step()
+
+    def _end_forward_step(self):
+        """Inference: the model's forward returned; its step ends (``start`` stays in force)."""
+        self._pause()
+        self._finish_step()
+
+    def _finish_step(self):
         if self._compile_hook is not None and self._dir_step == self.current_step:
             self._compile_hook.after_step(self.model)
         if self._writer is not None and self._dir_step == self.current_step:
@@ -179,6 +208,8 @@ class PrecisionDebugger:
         if step is None or step == self.current_step:
             if self._dir_step == self.current_step:
                 self._layout = layout
+                if self.config.task == "statistics":   # tensor mode: the .npy rows say it all
+                    self._collector.entries.token_shape = tuple(int(n) for n in layout.token_shape)
             return
         folder = self._step_dir(step, current_rank())
         if os.path.isdir(folder):
@@ -204,6 +235,16 @@ class PrecisionDebugger:
         self._whole = []
 
     # ---- internals -----------------------------------------------------------
+    def _start_inference(self):
+        if self.model is None or isinstance(self.model, (list, tuple)):
+            raise ConfigError(f"{self.config.source}: inference: true makes each forward of the model a step: "
+                              f"pass the model, start(model)")
+        if self._inference is None:
+            from probe.inference.hf import HfGenerateHook
+            self._inference = HfGenerateHook(self._open_step, self._end_forward_step, self.set_step_layout,
+                                             lambda: self.current_step, self.config.wants_step)
+        self._inference.attach(self.model)
+
     def _misuse(self, kind, message):
         """A call-sequence mistake: said once per kind, never raised into the training loop."""
         self._misuse_said.warning(kind, "probe: %s", message)
@@ -308,6 +349,8 @@ class PrecisionDebugger:
 
     def close(self):
         """Finish writing and remove every patch probe installed."""
+        if self._inference is not None:
+            self._inference.detach()
         self._stop()
         if self._interceptor is not None:
             self._interceptor.close()

@@ -15,6 +15,7 @@ from probe.dump.records import BackwardEntry, ForwardEntry, describe_value
 from probe.dump.stack import StackTable
 from probe.hook_module.interceptor import guard
 from probe.hook_module.torch_function_off import no_function_mode
+from probe.inference import token_stats
 from probe.log_once import LogOnce
 from probe.torch_compat import real_tensors
 from probe.vocabulary import NO_STATS, STAT_KEYS
@@ -94,14 +95,20 @@ class EntryBuilder:
         self.ext, self.host_copy = (".pt", stats.torch_copy) if pt else (".npy", stats.host_copy)
         self.stacks = StackTable()
         self.cache = stats.SummaryCache()
+        # an inference step's token_shape (its layout's): floating tensors whose leading dims
+        # are these get "token_stats", one [Max, Min, Mean, Norm] per token row
+        self.token_shape = None
+        self.rows_deferred = None   # async_dump: (summary, TokenRows) fetched at the flush
         if config.async_dump:
             self.cache.deferred = []
+            self.rows_deferred = []
             writer.before_flush.append(self.fetch_deferred)
         self._said = LogOnce(log)
 
     def reset_step(self):
         self.stacks.clear()
         self.cache.clear()
+        self.token_shape = None
 
     def fail(self, name, exc):
         """A dumper's failure on ``name``: said once per API, the call unaffected."""
@@ -140,7 +147,20 @@ class EntryBuilder:
             t = local
         if self.md5:
             s["md5"] = stats.crc32(t)
+        if self.token_shape is not None and token_stats.matches(t, self.token_shape):
+            self.token_rows(t, s, summaries.cache)
         return s
+
+    def token_rows(self, t, s, cache):
+        """``s["token_stats"]`` of ``t``: at once on the CPU, at the flush on a device."""
+        rows = cache.lookup_rows(t)
+        if rows is None:
+            rows = token_stats.row_reductions(t, self.token_shape)
+            cache.store_rows(t, rows)
+        if rows.values is not None or rows.on_cpu or self.rows_deferred is None:
+            s["token_stats"] = rows.resolve()
+        else:
+            self.rows_deferred.append((s, rows))
 
     def describe(self, v, summaries, file_stem=None):
         """``v``'s dump.json form; ``file_stem`` names its tensor files (task tensor; a
@@ -169,6 +189,12 @@ class EntryBuilder:
                 values = stats.fetch([r for _, _, r in pending])
             for (summary, _, _), v in zip(pending, values):
                 summary.update(zip(STAT_KEYS, v))
+        if self.rows_deferred:
+            rows, self.rows_deferred[:] = list(self.rows_deferred), []
+            with guard(), no_function_mode(), real_tensors():
+                token_stats.fetch_all([r for _, r in rows])
+            for summary, r in rows:
+                summary["token_stats"] = r.values
 
     # ---- backward -----------------------------------------------------------
     def grad_seen(self, g):

@@ -213,6 +213,9 @@ class SummaryCache:
     """Summaries of tensors already seen this step, keyed by identity and version.
 
     Cleared at each step, so memory stays flat; a weakref proves the id was not reused.
+    An inference tensor (made under ``torch.inference_mode``) has no version counter: it is
+    never cached, since nothing would tell that it changed. Per-token statistics
+    (``probe.inference.token_stats``) are kept beside the summaries by the same rule.
     """
 
     deferred = None        # async_dump: a list of summaries whose numbers are fetched at flush
@@ -220,9 +223,11 @@ class SummaryCache:
 
     def __init__(self):
         self._entries = {}
+        self._rows = {}    # id -> (weakref, version, token_stats.TokenRows)
 
     def clear(self):
         self._entries.clear()
+        self._rows.clear()
 
     def summary(self, t):
         """dump.json's summary dict of ``t`` (type, dtype, shape, Max, Min, Mean, Norm,
@@ -233,10 +238,10 @@ class SummaryCache:
         return _cstats.summary(t, self._entries)
 
     def lookup(self, t):
-        hit = self._entries.get(id(t))
-        if hit is not None and hit[0]() is t and hit[1] == t._version:
-            return hit[2]
-        return None
+        return _valid(self._entries.get(id(t)), t)
+
+    def lookup_rows(self, t):
+        return _valid(self._rows.get(id(t)), t)
 
     def forget(self, value):
         """Drop the summaries of ``value`` (a tensor or a list of them), which an in-place
@@ -244,13 +249,28 @@ class SummaryCache:
         one) leaves the version counter as it was, so the version alone cannot say so."""
         for t in value if isinstance(value, (list, tuple)) else (value,):
             self._entries.pop(id(t), None)
+            self._rows.pop(id(t), None)
             local = getattr(t, "_local_tensor", None)   # a DTensor: its shard is what was summarised
             if local is not None:
                 self._entries.pop(id(local), None)
 
     def store(self, t, value):
-        try:
-            self._entries[id(t)] = (weakref.ref(t), t._version, value)
-        except TypeError:  # not weak-referenceable: just don't cache
-            pass
+        _store(self._entries, t, value)
 
+    def store_rows(self, t, rows):
+        _store(self._rows, t, rows)
+
+
+def _valid(hit, t):
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    return None
+
+
+def _store(entries, t, value):
+    if torch.is_inference(t):   # no version counter: a later in-place write could not be seen
+        return
+    try:
+        entries[id(t)] = (weakref.ref(t), t._version, value)
+    except TypeError:  # not weak-referenceable: just don't cache
+        pass
