@@ -96,3 +96,38 @@ def generate(root, prompts=PROMPTS, batched=True, new_tokens=4, bf16=False, faul
     finally:
         dbg.close()
     return [tokens[i] for i in range(len(prompts))]
+
+
+def hf_generate(root, prompts=PROMPTS, batched=True, new_tokens=4, bf16=False, fault=None,
+                task="statistics", seed=0):
+    """The same generation through HF ``generate`` under ``PrecisionDebugger(...,
+    inference=True)`` (probe.inference.hf: each forward one step, its layout and per-token
+    statistics recorded by probe). ``fault.new_step`` is told each forward's step number by a
+    forward pre-hook of the test's own. Returns each prompt's generated tokens."""
+    from probe import PrecisionDebugger
+    model = llama(seed)
+    model.generation_config.pad_token_id = PAD
+    steps = [0]
+    if fault is not None:
+        def count(module, args, kwargs):
+            fault.new_step(steps[0])
+            steps[0] += 1
+        model.register_forward_pre_hook(count, with_kwargs=True)
+    dbg = PrecisionDebugger(dump_path=str(root), task=task, level="L1", inference=True)
+    out: list = []
+    groups = [list(prompts)] if batched else [[p] for p in prompts]
+    try:
+        dbg.start(model)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), \
+                fault if fault is not None else contextlib.nullcontext():
+            for g in groups:
+                width = max(len(p) for p in g)
+                ids = torch.tensor([[PAD] * (width - len(p)) + list(p) for p in g])
+                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in g])
+                gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                     do_sample=False)
+                out += gen[:, width:].tolist()
+        dbg.stop()
+    finally:
+        dbg.close()
+    return out

@@ -81,6 +81,43 @@ def _margin(g: Gathered, position: int, vocab_floor: int, token: int) -> Optiona
     return None
 
 
+def _same_precision(result) -> bool:
+    """Whether every paired row has one dtype on both sides (a run against itself batched
+    otherwise): then any difference at all is the batch's."""
+    cols = result.columns
+    return all(a == b for a, b in zip(cols["NPU Dtype"], cols["Bench Dtype"])
+               if isinstance(a, str) and isinstance(b, str))
+
+
+def batch_variant(diag, g_npu: Gathered, g_bench: Gathered) -> Optional[dict]:
+    """The first call whose rows for this request differ at all between the two runs while
+    its inputs' rows agree bit for bit: the kernel that is not batch-invariant (rows are in
+    position order on both sides, so a reordering of the batch is no difference)."""
+    for u in diag.calls:
+        if not u.npu_entry or not u.bench_entry or u.status in ("unmatched", "not compared"):
+            continue
+        inputs = [k[len(u.npu_entry):] for k in g_npu.positions
+                  if k.startswith(u.npu_entry + ".input.") and u.bench_entry + k[len(u.npu_entry):] in g_bench.positions]
+        same_in = True
+        for suffix in inputs:
+            a, b = g_npu.rows_of(u.npu_entry + suffix), g_bench.rows_of(u.bench_entry + suffix)
+            if a is None or b is None or a.shape != b.shape or not np.array_equal(a, b, equal_nan=True):
+                same_in = False
+                break
+        if not same_in or not inputs:
+            continue
+        key = ".output.0"
+        a, b = g_npu.rows_of(u.npu_entry + key), g_bench.rows_of(u.bench_entry + key)
+        if a is None or b is None or a.shape != b.shape or np.array_equal(a, b, equal_nan=True):
+            continue
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        row = int(np.argmax(np.nanmax(diff, axis=1) > 0))
+        positions, steps = g_npu.positions[u.npu_entry + key], g_npu.steps_at[u.npu_entry + key]
+        return {"name": u.name, "position": positions[row], "step": steps[row],
+                "largest_difference": float(np.nanmax(diff))}
+    return None
+
+
 def compare_request(pair: tokens.Pair, npu: tokens.Side, bench: tokens.Side, output_path: str,
                     options: CompareOptions, tag: str) -> RequestOutcome:
     from .pair_job import compare_pair
@@ -130,10 +167,12 @@ def compare_request(pair: tokens.Pair, npu: tokens.Side, bench: tokens.Side, out
         dtype = diag.low_precision or "the dtypes'"
         entry.update(verdict="flip", position=plen + flip - 1, reason=(
             f"request {pair.number}, token {flip}: {gen_npu[flip]} vs {gen_bench[flip]}, bench margin "
-            + (f"{m:.3g}" if m is not None else "unknown (no logits dumped)")
+            + (f"{m:.3g}" if m is not None else "unknown (the bench's logits were not dumped as tensors)")
             + f": {dtype} rounding (no call introduces error before it)"))
     elif compared:
         entry["verdict"] = "clean"
+    if entry["verdict"] in ("clean", "flip") and _same_precision(pr.result):
+        entry["batch_variant"] = batch_variant(diag, g_npu, g_bench)
     return out
 
 
@@ -207,6 +246,16 @@ def build_summary(npu_root: str, bench_root: str, outcomes: list, unmatched: dic
         others = sorted({x.entry["first"] for x in culprits if x is not o and x.entry["first"] != e["first"]})
         if others:
             notes.append(f"other requests name other calls: {', '.join(others[:10])}")
+    variants = [e for e in requests if e.get("batch_variant")]
+    invariance = None
+    if variants:
+        e = min(variants, key=lambda e: (e["batch_variant"]["step"], e["batch_variant"]["position"], e["request"]))
+        v = e["batch_variant"]
+        invariance = dict(v, request=e["request"], text=(
+            f"{v['name']} is not batch-invariant: for request {e['request']} (position {v['position']}, "
+            f"NPU step {v['step']}) it computes other bits from the same inputs in the two runs "
+            f"(largest difference {v['largest_difference']:.3g}); every call before it agrees bit for bit"))
+        notes.append(invariance["text"])
     for e in requests:
         if e.get("verdict") == "flip":
             notes.append(e["reason"])
@@ -214,6 +263,7 @@ def build_summary(npu_root: str, bench_root: str, outcomes: list, unmatched: dic
             notes.append(f"request {e['request']} failed: {e['reason']}")
     return {"schema": SCHEMA, "kind": "inference", "npu_root": npu_root, "bench_root": bench_root,
             "first_divergence": first, "requests": requests, "unmatched_requests": unmatched,
+            "batch_invariance": invariance,
             "steps": [], "ranks": ranks, "grid": [], "unpaired": [], "notes": notes}
 
 
