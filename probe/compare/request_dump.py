@@ -16,9 +16,10 @@ Which dims of a tensor are token rows (``row_picker``):
   ``logits_to_keep=1``): each batch row's last position;
 - HF's [batch, ..., seq, ...] (attention's [batch, heads, seq, head_dim]): the batch row and
   the first later dim of the step's seq length; tensor dumps only.
-A tensor whose rows can't be told is kept whole when it is the same at every step (a weight)
-and left out (null) otherwise (a KV cache, a batch's mask); a call none of whose tensors has
-token rows is not the request's and is left out.
+An input whose rows can't be told is kept whole when it is the same at every step (a weight)
+and left out (null) otherwise (a KV cache, a batch's mask); such an output is left out always
+(the batch's); a call none of whose tensors has token rows is not the request's and is left
+out.
 
 Statistics dumps gather each row's ``[Max, Min, Mean, Norm]`` from ``token_stats``; the
 request's statistics are then those of its rows together. Tensor dumps slice the .npy files.
@@ -219,7 +220,7 @@ class _Writer:
         doc["data"] = out
         with open(self.gathered.json_path, "wb") as fh:
             fh.write(orjson.dumps(doc))
-        self.gathered.mode = doc["task"]
+        self.gathered.mode = "tensor" if self.tensor else "statistics"
         return self.gathered
 
     def entry(self, new: str, entries: list, rows: dict) -> Optional[dict]:
@@ -245,7 +246,9 @@ class _Writer:
         leaves = [(s, _leaf_at(e, path)) for s, e in entries]
         if not all(_is_tensor(x) for _, x in leaves):
             return None
-        parts, positions, at = [], [], []
+        parts: list = []
+        positions: List[int] = []
+        at: List[int] = []
         for s, x in leaves:
             lay = self.side.layouts[s]
             tensor = bool(x.get("data_name"))
@@ -257,7 +260,7 @@ class _Writer:
                 data_dir = os.path.join(os.path.dirname(lay.json_path), DATA_DIR)
                 try:
                     arr = load(resolve(data_dir, x["data_name"]))
-                    part = _take(arr, how, picks, len(lay.token_shape))
+                    part: Any = _take(arr, how, picks, len(lay.token_shape))
                 except (OSError, ValueError, IndexError) as exc:
                     log.info("%s: rows of %s not gathered: %s", new, x.get("data_name"), exc)
                     return None
@@ -296,10 +299,12 @@ class _Writer:
         return leaf
 
     def whole(self, new: str, path: tuple, leaves: list):
-        """A tensor without token rows: kept when it is the same at every step, else null."""
+        """A tensor without token rows: an input kept when it is the same at every step (a
+        weight), else null. An output without token rows is the batch's (a padding mask's
+        sum), never the request's: null, even where the request has one step only."""
         def sig(x):
             return (tuple(x["shape"]), x.get("dtype"), *(x.get(k) for k in _STATS))
-        if len({sig(x) for _, x in leaves}) != 1:
+        if path[0] == "output" or len({sig(x) for _, x in leaves}) != 1:
             return None
         s, x = leaves[0]
         leaf = dict(x)

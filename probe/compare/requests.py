@@ -158,7 +158,7 @@ def compare_request(pair: tokens.Pair, npu: tokens.Side, bench: tokens.Side, out
         positions, steps = g_npu.positions.get(key_n) or [], g_npu.steps_at.get(key_n) or []
         if row < len(positions):
             entry["position"], out.step = positions[row], steps[row]
-        origin = dict(g_npu.origin.get(u.npu_entry) or [])
+        origin = dict(g_npu.origin.get(u.npu_entry or "") or [])
         entry.update(verdict="introduces", first=u.name, step=out.step, reason=u.reason or None,
                      step_name=origin.get(out.step) if out.step is not None else None,
                      direction=u.direction, kind=primary.kind)
@@ -189,15 +189,16 @@ def compare_requests(npu_root: str, bench_root: str, output_path: str, options: 
     for side, sides, other in (("NPU", npu_sides, bench_sides), ("bench", bench_sides, npu_sides)):
         for r in sorted(set(sides) - set(other)):
             notes.append(f"only the {side} side has rank {r}: not compared")
-    outcomes, unmatched = [], {"npu": [], "bench": []}
+    outcomes: list = []
+    unmatched: dict = {"npu": [], "bench": []}
     for rank in ranks:
         npu, bench = npu_sides[rank], bench_sides[rank]
         pairs, lone_npu, lone_bench = tokens.match(npu.requests, bench.requests)
-        number = {id(r): k for k, r in enumerate(npu.requests)}
-        for r in lone_npu:
-            unmatched["npu"].append({"request": number[id(r)], "id": r.rid, "rank": rank, "prompt": r.prompt})
-        for r in lone_bench:
-            unmatched["bench"].append({"id": r.rid, "rank": rank, "prompt": r.prompt})
+        number = {id(req): k for k, req in enumerate(npu.requests)}
+        for req in lone_npu:
+            unmatched["npu"].append({"request": number[id(req)], "id": req.rid, "rank": rank, "prompt": req.prompt})
+        for req in lone_bench:
+            unmatched["bench"].append({"id": req.rid, "rank": rank, "prompt": req.prompt})
         for pair in pairs:
             tag = f"request{pair.number}" + (f"_rank{rank}" if len(ranks) > 1 else "")
             try:
