@@ -176,15 +176,19 @@ def compare_request(pair: tokens.Pair, npu: tokens.Side, bench: tokens.Side, out
     return out
 
 
-def compare_requests(npu_root: str, bench_root: str, output_path: str, options: CompareOptions):
-    """Compare two inference roots request by request; returns run.RunResult."""
+def compare_requests(npu_root: str, bench_root: str, output_path: str, options: CompareOptions,
+                     unused: Optional[list] = None):
+    """Compare two inference roots request by request, in this process; returns
+    run.RunResult. ``unused``: the run options given that do not apply here (said in the
+    notes)."""
     from .run import RunResult, write_summary
     t0 = time.perf_counter()
     npu_root, bench_root = os.path.abspath(npu_root), os.path.abspath(bench_root)
     output_path = os.path.abspath(output_path)
     os.makedirs(output_path, exist_ok=True)
     npu_sides, bench_sides = tokens.read_sides(npu_root), tokens.read_sides(bench_root)
-    notes: list = []
+    notes: list = [f"{k} not used: inference roots are compared request by request, in this process"
+                   for k in unused or ()]
     ranks = sorted(set(npu_sides) & set(bench_sides))
     for side, sides, other in (("NPU", npu_sides, bench_sides), ("bench", bench_sides, npu_sides)):
         for r in sorted(set(sides) - set(other)):

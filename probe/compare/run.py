@@ -57,7 +57,9 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
     if is_inference_root(npu_root) and is_inference_root(bench_root):
         # inference steps are never paired by number: request by request (requests.py)
         from .requests import compare_requests
-        return compare_requests(npu_root, bench_root, output_path, options)
+        unused = [k for k, v in (("bench2_root", bench2_root), ("layout", layout), ("scheduler", scheduler),
+                                 ("executor", executor)) if v]
+        return compare_requests(npu_root, bench_root, output_path, options, unused=unused)
     npu_root, bench_root = os.path.abspath(npu_root), os.path.abspath(bench_root)
     output_path = os.path.abspath(output_path)
     from .merged_pair import plan_merges
