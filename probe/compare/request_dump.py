@@ -3,19 +3,22 @@
 The existing compare (engine, align, diagnosis, replay) then judges a request of the NPU run
 against the same request of the bench run as it judges any two dumps: whatever the batch,
 the padding or the chunking, each call's tensors hold the request's token rows only, one row
-per position in position order. Steps whose call sequences are the same (the decodes of a
-run, the chunks of a prefill) are merged: a call of theirs holds the request's rows from all
-of them, so a prefill split in chunks on one side and whole on the other lines up by
-(request, position). Steps with another call sequence (HF's prefill builds the attention
-mask, its decodes don't) come as another run of calls, after the earlier ones; where the two
-sides' sequences differ, the engine aligns them.
+per position in position order. The steps holding the request are lined up call by call
+(``merge_steps``: the longest common sequence of their APIs) and merged: a call of theirs
+holds the request's rows from all of them, so a prefill split in chunks on one side and whole
+on the other lines up by (request, position). A call only some steps make (HF's prefill
+builds the padding mask, its decodes don't) stands alone in its place; where the two sides'
+sequences differ, the engine aligns them.
 
 Which dims of a tensor are token rows (``row_picker``):
 - its leading dims equal the step's ``token_shape`` (the contract): each row is one token;
 - HF's [batch, 1, ...] where the step has more than one position (lm_head under
   ``logits_to_keep=1``): each batch row's last position;
 - HF's [batch, ..., seq, ...] (attention's [batch, heads, seq, head_dim]): the batch row and
-  the first later dim of the step's seq length; tensor dumps only.
+  the first later dim of the step's seq length; at a decode step (one token per batch row),
+  any [batch, ...]; tensor dumps only.
+HF's tensors keep their rank: n rows become n sequences of one token ([n, 1, ...]), so a call
+re-run on them (replay) computes row by row what it computed on the batch.
 An input whose rows can't be told is kept whole when it is the same at every step (a weight)
 and left out (null) otherwise (a KV cache, a batch's mask); such an output is left out always
 (the batch's); a call none of whose tensors has token rows is not the request's and is left
@@ -59,6 +62,7 @@ class Gathered:
     positions: Dict[str, List[int]] = field(default_factory=dict)   # "entry.output.0" -> row positions
     steps_at: Dict[str, List[int]] = field(default_factory=dict)    # "entry.output.0" -> each row's step
     row_stats: Dict[str, List[list]] = field(default_factory=dict)  # statistics dumps: each row's [Max, Min, Mean, Norm]
+    files: Dict[str, str] = field(default_factory=dict)             # tensor dumps: row name -> its .npy
 
     def rows_of(self, key: str) -> Optional[np.ndarray]:
         """A gathered tensor's rows, one a row (tensor dumps: the .npy; statistics dumps:
@@ -66,9 +70,9 @@ class Gathered:
         if key in self.row_stats:
             return np.array([[float(v) if isinstance(v, (int, float)) else np.nan for v in r]
                              for r in self.row_stats[key]], dtype=np.float64)
-        path = os.path.join(os.path.dirname(self.json_path), DATA_DIR, f"{key}.npy")
-        if not os.path.isfile(path):
+        if key not in self.files:
             return None
+        path = os.path.join(os.path.dirname(self.json_path), DATA_DIR, self.files[key])
         arr = load(path)
         return arr.reshape(len(arr), -1) if arr.ndim else None
 
@@ -185,6 +189,13 @@ class _Writer:
             self.loaded[step] = {"doc": doc, "data": data}
         return self.loaded[step]["data"]
 
+    def file_for(self, key: str) -> str:
+        """A file name of probe's own for a row (the row's name comes from the dump: never a
+        path written to)."""
+        name = f"t{len(self.gathered.files)}.npy"
+        self.gathered.files[key] = name
+        return name
+
     def name(self, original: str) -> str:
         """The entry's name in the request's dump: its API's calls numbered on across the
         merged steps, as they come."""
@@ -284,7 +295,7 @@ class _Writer:
                     return self.whole(new, path, leaves)
                 parts = [p.reshape((len(p),) + parts[0].shape[1:]) for p in parts]
             arr = np.concatenate(parts)[order]
-            name = f"{key}.npy"
+            name = self.file_for(key)
             np.save(os.path.join(self.data_dir, name), arr, allow_pickle=False)
             self.tensor = True
             leaf.update(shape=list(arr.shape), **_stats(arr), data_name=name)
@@ -316,7 +327,7 @@ class _Writer:
             except (OSError, ValueError) as exc:
                 log.info("%s: %s not read: %s", new, x.get("data_name"), exc)
                 return None
-            name = f"{_row_name(new, path)}.npy"
+            name = self.file_for(_row_name(new, path))
             np.save(os.path.join(self.data_dir, name), arr, allow_pickle=False)
             leaf["data_name"] = name
         return leaf

@@ -18,6 +18,7 @@ it are gathered (``tokens.Pair.judged``). Written to ``OUT/compare_summary.json`
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -179,9 +180,8 @@ def compare_request(pair: tokens.Pair, npu: tokens.Side, bench: tokens.Side, out
 def compare_requests(npu_root: str, bench_root: str, output_path: str, options: CompareOptions,
                      unused: Optional[list] = None):
     """Compare two inference roots request by request, in this process; returns
-    run.RunResult. ``unused``: the run options given that do not apply here (said in the
-    notes)."""
-    from .run import RunResult, write_summary
+    (summary, summary path, paths written). ``unused``: the run options given that do not
+    apply here (said in the notes)."""
     t0 = time.perf_counter()
     npu_root, bench_root = os.path.abspath(npu_root), os.path.abspath(bench_root)
     output_path = os.path.abspath(output_path)
@@ -231,7 +231,16 @@ def compare_requests(npu_root: str, bench_root: str, output_path: str, options: 
         page = write_requests_page(summary, os.path.join(output_path, "compare_run.html"))
         paths.append(page)
         _latest(page, os.path.join(output_path, "compare_report.html"))
-    return RunResult(summary, summary_path, paths, [], time.perf_counter() - t0)
+    log.debug("inference run compared in %.1f s", time.perf_counter() - t0)
+    return summary, summary_path, paths
+
+
+def write_summary(path: str, summary: dict) -> None:
+    """The run's compare_summary.json, written whole under a temporary name, then renamed."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=1, allow_nan=False)
+    os.replace(tmp, path)
 
 
 def build_summary(npu_root: str, bench_root: str, outcomes: list, unmatched: dict, ranks: list,

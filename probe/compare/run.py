@@ -59,7 +59,8 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
         from .requests import compare_requests
         unused = [k for k, v in (("bench2_root", bench2_root), ("layout", layout), ("scheduler", scheduler),
                                  ("executor", executor)) if v]
-        return compare_requests(npu_root, bench_root, output_path, options, unused=unused)
+        summary, summary_path, paths = compare_requests(npu_root, bench_root, output_path, options, unused=unused)
+        return RunResult(summary, summary_path, paths, [], time.perf_counter() - t0)
     npu_root, bench_root = os.path.abspath(npu_root), os.path.abspath(bench_root)
     output_path = os.path.abspath(output_path)
     from .merged_pair import plan_merges
