@@ -36,8 +36,10 @@ def llama(seed=0):
     return model
 
 
-def _generate_batch(model, dbg, prompts, first_rid, new_tokens, step, amp, fault):
-    """Greedy decoding of ``prompts`` as one left-padded batch; returns (tokens, next step)."""
+def _generate_batch(model, dbg, prompts, first_rid, new_tokens, step, amp, fault, chunk=None):
+    """Greedy decoding of ``prompts`` as one left-padded batch; returns (tokens, next step).
+    ``chunk``: the prefill fed ``chunk`` columns a step (chunked prefill, as a serving engine
+    does); only its last chunk produces a token."""
     from transformers import DynamicCache
     n, width = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((n, width), PAD, dtype=torch.long)
@@ -49,36 +51,43 @@ def _generate_batch(model, dbg, prompts, first_rid, new_tokens, step, amp, fault
     cache = DynamicCache()
     out: list = [[] for _ in prompts]
     pos = (mask.cumsum(1) - 1).clamp(min=0)
-    for t in range(new_tokens):
+    pieces = [(a, min(a + chunk, width)) for a in range(0, width, chunk)] if chunk else [(0, width)]
+    x, m, p = ids, mask, pos
+    for t in range(len(pieces) + new_tokens - 1):
+        if t < len(pieces):
+            a, b = pieces[t]
+            x, m, p = ids[:, a:b], mask[:, :b], pos[:, a:b]
         if fault is not None:
             fault.new_step(step)
         dbg.start()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos,
+            logits = model(input_ids=x, attention_mask=m, position_ids=p,
                            past_key_values=cache, use_cache=True).logits
         dbg.stop()
+        last = t >= len(pieces) - 1
         nxt = logits[:, -1, :].float().argmax(-1)
-        mask_now = mask[:, -ids.shape[1]:]
-        rows = [TokenRow(rids[b], int(pos[b, j]) if mask_now[b, j] else -1, int(ids[b, j]), not bool(mask_now[b, j]))
-                for b in range(n) for j in range(ids.shape[1])]
-        dbg.set_step_layout(StepLayout("hf", tuple(ids.shape), rows,
-                                       produced={rids[b]: int(nxt[b]) for b in range(n)},
+        mask_now = m[:, -x.shape[1]:]
+        rows = [TokenRow(rids[b], int(p[b, j]) if mask_now[b, j] else -1, int(x[b, j]), not bool(mask_now[b, j]))
+                for b in range(n) for j in range(x.shape[1])]
+        dbg.set_step_layout(StepLayout("hf", tuple(x.shape), rows,
+                                       produced={rids[b]: int(nxt[b]) for b in range(n)} if last else {},
                                        prompts={rids[b]: list(prompts[b]) for b in range(n)} if t == 0 else {}))
         dbg.step()
         step += 1
-        for b in range(n):
-            out[b].append(int(nxt[b]))
-        ids = nxt[:, None]
-        pos = pos[:, -1:] + 1
-        mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], 1)
+        if last:
+            for b in range(n):
+                out[b].append(int(nxt[b]))
+            x, p = nxt[:, None], p[:, -1:] + 1
+            m = torch.cat([m, torch.ones((n, 1), dtype=torch.long)], 1)
     return out, step
 
 
 def generate(root, prompts=PROMPTS, batched=True, new_tokens=4, bf16=False, fault=None,
-             task="tensor", seed=0, order=None):
+             task="tensor", seed=0, order=None, chunk=None):
     """Dump a greedy generation of ``prompts`` into ``root``; return each prompt's tokens.
 
-    ``order``: the order in which a single run (``batched`` False) serves the prompts."""
+    ``order``: the order in which a single run (``batched`` False) serves the prompts;
+    ``chunk``: a single run's prefill fed ``chunk`` tokens a step."""
     from probe import PrecisionDebugger
     model = llama(seed)
     dbg = PrecisionDebugger(dump_path=str(root), task=task, level="L1")
@@ -91,7 +100,7 @@ def generate(root, prompts=PROMPTS, batched=True, new_tokens=4, bf16=False, faul
             else:
                 step = 0
                 for k, i in enumerate(order if order is not None else range(len(prompts))):
-                    out, step = _generate_batch(model, dbg, [prompts[i]], k, new_tokens, step, bf16, fault)
+                    out, step = _generate_batch(model, dbg, [prompts[i]], k, new_tokens, step, bf16, fault, chunk)
                     tokens[i] = out[0]
     finally:
         dbg.close()

@@ -238,3 +238,24 @@ def test_requests_gathered_rows_are_the_requests(runs):
     key = "Functional.embedding.0.forward.output.0"
     assert ga.positions[key] == gb.positions[key] == list(range(p.judged() - 1))
     assert np.array_equal(ga.rows_of(key), gb.rows_of(key))
+
+
+def test_chunked_prefill_lines_up_by_position(runs, tmp_path):
+    """The NPU run feeds each prefill 3 tokens a step (request 0's six prompt tokens over steps
+    0 and 1), the bench whole in one batched step: rows line up by (request, position). Clean
+    compares clean; the o_proj fault in request 0's second chunk is named there."""
+    bench, toks = runs["batched"]
+    npu = str(tmp_path / "chunked")
+    assert generate(npu, prompts=PROMPTS[:3], batched=False, chunk=3) == toks[:3]
+    s = _compare(npu, bench, tmp_path / "out")
+    assert s["first_divergence"] is None
+    assert [e["verdict"] for e in s["requests"]] == ["clean"] * 3, s["requests"]
+    assert all(e["calls_compared"] > 50 for e in s["requests"])
+    assert [u["prompt"] for u in s["unmatched_requests"]["bench"]] == [PROMPTS[3]]
+    faulty = str(tmp_path / "chunked_fault")
+    generate(faulty, prompts=PROMPTS[:3], batched=False, chunk=3,
+             fault=KernelFault("mm.default", O_PROJ_1, 1, "scale", 1.05))
+    s = _compare(faulty, bench, tmp_path / "out2")
+    fd = s["first_divergence"]
+    assert fd is not None and fd["name"] == CULPRIT, fd
+    assert (fd["request"], fd["step"]) == (0, 1) and 3 <= fd["position"] < 6, fd
