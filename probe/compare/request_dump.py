@@ -166,11 +166,11 @@ def _is_tensor(x) -> bool:
 class _Writer:
     """Writes one request's dump folder."""
 
-    def __init__(self, side: Side, req: Request, limit: int, out_dir: str):
+    def __init__(self, side: Side, req: Request, limit: int, out_dir: str, docs: Optional[dict] = None):
         self.side, self.req, self.limit = side, req, limit
         self.out_dir = out_dir
         self.data_dir = os.path.join(out_dir, DATA_DIR)
-        self.loaded: Dict[int, dict] = {}
+        self.loaded: Dict[int, dict] = docs if docs is not None else {}
         self.tensor = False
         self.gathered = Gathered(os.path.join(out_dir, "dump.json"), "statistics")
         self.counts: Dict[str, int] = {}
@@ -371,6 +371,8 @@ def _row_name(entry: str, path: tuple) -> str:
     return ".".join(parts)
 
 
-def gather(side: Side, req: Request, limit: int, out_dir: str) -> Gathered:
-    """Write ``req``'s rows of positions below ``limit`` as a dump in ``out_dir``."""
-    return _Writer(side, req, limit, out_dir).run()
+def gather(side: Side, req: Request, limit: int, out_dir: str, docs: Optional[dict] = None) -> Gathered:
+    """Write ``req``'s rows of positions below ``limit`` as a dump in ``out_dir``. ``docs``:
+    the side's dump.json files already parsed, by step (filled as they are read), so that
+    the requests of one run read each step's file once."""
+    return _Writer(side, req, limit, out_dir, docs).run()

@@ -120,13 +120,16 @@ def batch_variant(diag, g_npu: Gathered, g_bench: Gathered) -> Optional[dict]:
 
 
 def compare_request(pair: tokens.Pair, npu: tokens.Side, bench: tokens.Side, output_path: str,
-                    options: CompareOptions, tag: str) -> RequestOutcome:
+                    options: CompareOptions, tag: str, docs: Optional[tuple] = None) -> RequestOutcome:
+    """One request of each run gathered and compared (``docs``: each side's parsed dump.json
+    files by step, shared by the run's requests)."""
     from .pair_job import compare_pair
     limit = pair.judged()
     folder = os.path.join(output_path, REQUESTS_DIR, tag)
     shutil.rmtree(folder, ignore_errors=True)
-    g_npu = gather(npu, pair.npu, limit, os.path.join(folder, "npu"))
-    g_bench = gather(bench, pair.bench, limit, os.path.join(folder, "bench"))
+    docs = docs or ({}, {})
+    g_npu = gather(npu, pair.npu, limit, os.path.join(folder, "npu"), docs[0])
+    g_bench = gather(bench, pair.bench, limit, os.path.join(folder, "bench"), docs[1])
     gen_npu, gen_bench = pair.npu.generated(), pair.bench.generated()
     flip = pair.first_differing_token()
     plen = len(pair.npu.prompt)
@@ -203,10 +206,11 @@ def compare_requests(npu_root: str, bench_root: str, output_path: str, options: 
             unmatched["npu"].append({"request": number[id(req)], "id": req.rid, "rank": rank, "prompt": req.prompt})
         for req in lone_bench:
             unmatched["bench"].append({"id": req.rid, "rank": rank, "prompt": req.prompt})
+        docs: tuple = ({}, {})
         for pair in pairs:
             tag = f"request{pair.number}" + (f"_rank{rank}" if len(ranks) > 1 else "")
             try:
-                o = compare_request(pair, npu, bench, output_path, options, tag)
+                o = compare_request(pair, npu, bench, output_path, options, tag, docs)
             except Exception as exc:       # one request must not end the run's answer
                 log.debug("request %s failed:\n%s", pair.number, traceback.format_exc())
                 o = RequestOutcome({"request": pair.number, "npu_id": pair.npu.rid, "bench_id": pair.bench.rid,
