@@ -259,3 +259,52 @@ def test_chunked_prefill_lines_up_by_position(runs, tmp_path):
     fd = s["first_divergence"]
     assert fd is not None and fd["name"] == CULPRIT, fd
     assert (fd["request"], fd["step"]) == (0, 1) and 3 <= fd["position"] < 6, fd
+
+
+def test_page_marks_tokens_and_keeps_names_text(runs, tmp_path):
+    """In a browser: requests x tokens, the token whose row the culprit first made differ
+    marked (step 2 chose token 2), each request linking to its call table; request ids from the
+    dump shown as text (no element made from them)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium or not shutil.which("chromedriver"):
+        pytest.skip("no chromium/chromedriver: apt-get install -y chromium chromium-driver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.options import Options
+        from selenium.webdriver.chrome.service import Service
+        from selenium.webdriver.common.by import By
+    except ImportError:
+        pytest.skip("no selenium: pip install selenium (the test extra)")
+    npu = str(tmp_path / "npu")
+    shutil.copytree(runs["decode_fault"][0], npu)
+    hostile = '"><img id=pwned src=x onerror="document.title=1">'
+    _rewrite_ids(npu, lambda rid: hostile + rid)
+    first = os.path.join(npu, "step0", "rank", "token_layout.json")
+    with open(first, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    doc["prompts"][hostile + "r3"] = [1, 2, 3]       # no such prompt in the bench: said in a note
+    with open(first, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh)
+    s = _compare(npu, runs["single"][0], tmp_path / "out")
+    opts = Options()
+    opts.binary_location = chromium
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        opts.add_argument(a)
+    browser = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    try:
+        browser.get("file://" + os.path.abspath(tmp_path / "out" / "compare_run.html"))
+        assert browser.execute_script("return document.body.dataset.ready") == "1"
+        assert browser.find_element(By.ID, "culprit").text == CULPRIT
+        rows = browser.find_elements(By.CSS_SELECTOR, "#grid tr[data-request]")
+        assert len(rows) == len(s["requests"]) == 3
+        for row in rows:
+            cells = row.find_elements(By.TAG_NAME, "td")
+            marked = [k for k, c in enumerate(cells[1:]) if "culprit" in c.get_attribute("class")]
+            assert marked == [2], marked
+            href = row.find_element(By.TAG_NAME, "a").get_attribute("href")
+            assert "compare_report_request" in href
+        assert browser.find_elements(By.ID, "pwned") == [] and browser.title != "1"
+        notes = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#notes li")]
+        assert any(hostile + "r3" in n for n in notes), notes
+    finally:
+        browser.quit()
