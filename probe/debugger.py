@@ -24,6 +24,7 @@ from probe.dump.collector import ApiCollector
 from probe.dump.compiled_graphs import CompiledGraphs, CompileHook
 from probe.dump.construct import Construct
 from probe.dump.draws import DrawHandler
+from probe.dump.folder_lock import FolderLock
 from probe.dump.writer import DumpWriter
 from probe.errors import ConfigError
 from probe.hook_module.interceptor import Interceptor
@@ -89,6 +90,7 @@ class PrecisionDebugger:
         self._dir_step = None
         self._layout = None       # StepLayout of the current step (inference), written at step()
         self._inference = None    # inference.hf.HfGenerateHook: each forward of the model is a step
+        self._folder_lock = None  # FolderLock: this process owns {dump_path}/step*/rank{R} until close()
         previous = PrecisionDebugger._current and PrecisionDebugger._current()
         if previous is not None:
             previous.close()
@@ -127,6 +129,7 @@ class PrecisionDebugger:
         if self._writer is None:   # started again after close(): a fresh chain, the same features
             self._make_dumpers()
         if self._dir_step != self.current_step:
+            self._own_folder(rank)
             self._dir_step = self.current_step
             rank_dir = self._step_dir(self.current_step, rank)
             self._writer.open_dir(rank_dir, self._with_tensors)
@@ -335,7 +338,25 @@ class PrecisionDebugger:
         return self.config.task in ("tensor", "overflow_check")
 
     def _step_dir(self, step, rank):
-        return os.path.join(self.config.dump_path, f"step{step}", "rank" if rank is None else f"rank{rank}")
+        return os.path.join(self.config.dump_path, f"step{step}", _rank_folder(rank))
+
+    def _own_folder(self, rank):
+        """Hold the lock of this dump_path and rank before making its first folder: a
+        second process dumping there at once is refused (ConfigError), not mixed in."""
+        folder = _rank_folder(rank)
+        lock = self._folder_lock
+        if lock is not None and lock.rank_folder == folder:
+            return                   # held (or, where the OS has no lock, tried once)
+        if lock is not None:         # the rank became known (process group made later)
+            lock.release()
+        self._folder_lock = None
+        lock = FolderLock(self.config.dump_path, folder, self.config.source)
+        try:
+            lock.acquire()
+        except ConfigError:
+            self._started = self._step_started = False
+            raise
+        self._folder_lock = lock
 
     def _write_meta(self, only_if_grown=False):
         if self._dir_step != self.current_step:
@@ -362,6 +383,13 @@ class PrecisionDebugger:
             self._writer = None
         if self._draws is not None:
             self._draws.close()   # after the writer: the step's folder is made by then
+        if self._folder_lock is not None:
+            self._folder_lock.release()   # after every file is written
+            self._folder_lock = None
+
+
+def _rank_folder(rank):
+    return "rank" if rank is None else f"rank{rank}"
 
 
 def _call_through(name, func, args, kwargs):

@@ -17,6 +17,7 @@ from gloo_ranks import rank_env, run_ranks
 
 TIMEOUT = 240
 pytestmark = [
+    pytest.mark.slow,   # several processes or compiled graphs: minutes on a busy machine
     pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux"),
     pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built"),
 ]

@@ -205,8 +205,9 @@ def test_unmatched_requests_and_page_text(runs, tmp_path, capsys):
     assert [(u["request"], u["id"]) for u in lone] == [(3, hostile + "r3")]
     assert any("has no request with its prompt" in n for n in s["notes"])
     page = open(out / "compare_run.html", encoding="utf-8").read()
-    data = page.split('id="data">', 1)[1].split("</script>", 1)[0]
-    assert hostile not in page and "<img" in data      # inside the JSON block only, "</" escaped
+    data = json.loads(page.split('id="data">', 1)[1].split("</script>", 1)[0])
+    assert data["unmatched_requests"]["npu"][0]["id"] == hostile + "r3"    # data, escaped in the page
+    assert hostile not in page
     assert "innerHTML" not in page
 
 

@@ -19,6 +19,7 @@ STATS = ("Max", "Min", "Mean", "Norm")
 _GRAD_ENTRY = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.parameters_grad\.(?P<k>\d+)$")
 
 pytestmark = [
+    pytest.mark.slow,   # several processes or compiled graphs: minutes on a busy machine
     pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux"),
     pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built"),
 ]

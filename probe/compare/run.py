@@ -118,12 +118,12 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
     paths.append(write_run_workbook(summary, outcomes, output_path))
     if options.output.html:       # the run's page: the answer and the grid, linking the pairs
         from .html_report import write_run_page
-        from .report import _latest
+        from .report import link_latest
         page = write_run_page(summary, os.path.join(output_path, "compare_run.html"))
         paths.append(page)
         # the folder's compare_report.html is the run's page (as compare_summary.json is the
         # run's summary), not the page of whichever pair finished last
-        _latest(page, os.path.join(output_path, "compare_report.html"))
+        link_latest(page, os.path.join(output_path, "compare_report.html"))
     return RunResult(summary, summary_path, paths, outcomes, time.perf_counter() - t0)
 
 

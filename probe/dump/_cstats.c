@@ -12,6 +12,7 @@
  *   kind:    one of the KIND_* codes below (stats.py maps torch dtypes to them)
  * Max/Min are float for floating kinds, int for integers, bool for bool.
  * summary(tensor, cache) -> the tensor's dump.json summary dict, or None (see below).
+ * summarize_rows(address, rows, cols, kind) -> one [Max, Min, Mean, Norm] per row (floating kinds).
  *
  * Built as an optional extension: without a C compiler probe falls back to stats.py's
  * numpy/torch path, which computes the same statistics.
@@ -268,6 +269,57 @@ static PyObject *summarize(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return reduce(ptr, n, kind);
 }
 
+/* summarize_rows(address, rows, cols, kind) -> [[Max, Min, Mean, Norm], ...]: each of `rows`
+ * consecutive runs of `cols` elements of a floating kind reduced as summarize() reduces a
+ * whole buffer (an inference step's per-token statistics: probe/inference/token_stats.py). */
+static PyObject *summarize_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "summarize_rows(address, rows, cols, kind)");
+        return NULL;
+    }
+    void *ptr = PyLong_AsVoidPtr(args[0]);
+    Py_ssize_t rows = PyLong_AsSsize_t(args[1]), cols = PyLong_AsSsize_t(args[2]);
+    long kind = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (ptr == NULL || rows <= 0 || cols <= 0 || kind < 0 || kind > KIND_F16) {
+        PyErr_SetString(PyExc_ValueError, "summarize_rows: need a non-null address, rows and cols > 0, a floating kind");
+        return NULL;
+    }
+    facc *acc = PyMem_Malloc(sizeof(facc) * (size_t)rows);
+    if (acc == NULL)
+        return PyErr_NoMemory();
+    size_t width = kind == KIND_F64 ? 8 : kind == KIND_F32 ? 4 : 2;
+    int release = rows * cols > GIL_FREE_NUMEL;
+    PyThreadState *ts = release ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const char *row = (const char *)ptr + (size_t)r * (size_t)cols * width;
+        facc *f = &acc[r];
+        init_acc(f);
+        switch (kind) {
+        case KIND_F32: reduce_f32((const float *)row, cols, f); break;
+        case KIND_F64: reduce_f64((const double *)row, cols, f); break;
+        case KIND_BF16: reduce_half((const uint16_t *)row, cols, 1, f); break;
+        case KIND_F16: reduce_half((const uint16_t *)row, cols, 0, f); break;
+        }
+        if (f->has_nan)
+            f->max = f->min = NAN;
+    }
+    if (release)
+        PyEval_RestoreThread(ts);
+    PyObject *out = PyList_New(rows);
+    for (Py_ssize_t r = 0; out != NULL && r < rows; r++) {
+        PyObject *item = Py_BuildValue("[dddd]", acc[r].max, acc[r].min, acc[r].sum / (double)cols,
+                                       sqrt(acc[r].sumsq));
+        if (item == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, r, item);
+    }
+    PyMem_Free(acc);
+    return out;
+}
+
 /* ---- summary(t, cache): a tensor's whole summary dict, for the common case ----------
  *
  * The collector's per-tensor Python (type and layout checks, the cache, the dict) costs
@@ -428,6 +480,8 @@ fallback:   /* not the common case, or an attribute refused: stats.py decides */
 static PyMethodDef methods[] = {
     {"summarize", (PyCFunction)(void (*)(void))summarize, METH_FASTCALL,
      "summarize(address, numel, kind) -> (Max, Min, Mean, Norm) of a contiguous CPU buffer"},
+    {"summarize_rows", (PyCFunction)(void (*)(void))summarize_rows, METH_FASTCALL,
+     "summarize_rows(address, rows, cols, kind) -> [[Max, Min, Mean, Norm], ...] of a contiguous CPU buffer"},
     {"summary", (PyCFunction)(void (*)(void))summary, METH_FASTCALL,
      "summary(tensor, cache) -> dump.json summary dict of a plain contiguous CPU tensor, else None"},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,

@@ -178,7 +178,9 @@ class EntryBuilder:
 
     def save(self, t, file_stem):
         name = file_stem + self.ext
-        self.writer.add_tensor(name, self.host_copy(dtensor_layout.split(t)[0]))
+        t = dtensor_layout.split(t)[0]
+        self.writer.wait_for_room(t.numel() * t.element_size())   # the copy made once the queue has room
+        self.writer.add_tensor(name, self.host_copy(t))
         return name
 
     def fetch_deferred(self):

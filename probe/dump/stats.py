@@ -42,6 +42,8 @@ _KINDS = {} if _cstats is None else {
 # Only tensors whose data_ptr() is their own memory: subclasses may wrap other storage.
 _PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 _STRIDED = torch.strided
+# an extension built before summarize_rows existed (not rebuilt since): torch's row reductions
+_summarize_rows = getattr(_cstats, "summarize_rows", None)
 if _cstats is not None:   # what its summary() needs: the common case's whole dict in C
     _cstats.setup(tuple(_PLAIN_TYPES), _KINDS, {dt: str(dt) for dt in _KINDS}, _STRIDED)
 
@@ -70,6 +72,20 @@ def reductions(t):
         if flat is not None and flat.size:
             return _cpu_float_summary(t, flat)
     return device_reductions(t)
+
+
+def row_summaries(t, rows):
+    """One [Max, Min, Mean, Norm] per row of ``t`` seen as ``[rows, -1]``, reduced in one
+    compiled pass exactly as ``reductions`` reduces a whole tensor, for a plain CPU tensor
+    of a floating dtype ``_cstats`` reads; None for every other tensor (the caller reduces
+    it with torch)."""
+    kind = _KINDS.get(t.dtype)
+    if (kind is None or _summarize_rows is None or not t.dtype.is_floating_point or type(t) not in _PLAIN_TYPES or not t.is_cpu
+            or t.layout is not _STRIDED or t.is_neg() or not t.numel()):
+        return None
+    if not t.is_contiguous():
+        t = t.detach().contiguous()
+    return _summarize_rows(t.data_ptr(), rows, t.numel() // rows, kind)
 
 
 def device_reductions(t):

@@ -171,6 +171,7 @@ class _StepFiles:
         self.rank_dir = rank_dir
         self.broken = False
         self.count = 0
+        self.replaced = False    # an earlier run's folder was here
         header = dict(header)
         if with_tensors:
             header["dump_data_dir"] = os.path.join(rank_dir, "dump_tensor_data")
@@ -190,6 +191,7 @@ class _StepFiles:
                 os.rename(rank_dir, aside)
                 trash.append(aside)
                 os.rename(made, rank_dir)
+                self.replaced = True
         except BaseException:
             for fd in fds:
                 os.close(fd)
@@ -341,10 +343,24 @@ class DumpWriter:
             return
         size = array.nbytes
         with self._bytes_cv:
-            while self._bytes and self._bytes + size > _MAX_PENDING_BYTES:
-                self._bytes_cv.wait()
+            self._wait_room(size)
             self._bytes += size
         self._queue.put(_Tensor(file_name, array))
+
+    def wait_for_room(self, size):
+        """Wait until ``size`` more bytes fit in the queue: called before a tensor's host
+        copy is made, so that a tensor past the bound is copied once the copies before it
+        are on disk, not held beside them (two 1 GiB copies where one would do)."""
+        if _Process.pid != self._pid:
+            return
+        with self._bytes_cv:
+            self._wait_room(size)
+
+    def _wait_room(self, size):
+        while self._bytes and self._bytes + size > _MAX_PENDING_BYTES:
+            if not self._thread.is_alive():
+                return
+            self._bytes_cv.wait(0.5)
 
     def write_meta(self, stack_parts, construct_json):
         """stack.json (``StackTable.parts()``) and construct.json, after the entries so far."""
@@ -418,6 +434,13 @@ class DumpWriter:
         else:
             self._queue.put(_Entries(data, len(entries)))
 
+    def _said_replaced(self, rank_dir):
+        """A run into a used dump_path: said once, when the first old folder is replaced."""
+        step_dir = os.path.dirname(rank_dir)
+        self._said.warning("replaced", "probe: dump_path %s holds an earlier dump (%s): this run replaces each "
+                           "step folder of this rank that it dumps; the earlier run's other steps stay as they were",
+                           os.path.dirname(step_dir), os.path.join(os.path.basename(step_dir), os.path.basename(rank_dir)))
+
     def _report(self, exc):
         self._said.error("write", "probe: writing dump files failed (%s: %s); training goes on, each dump.json "
                         "keeps its last complete flush", type(exc).__name__, exc)
@@ -451,6 +474,8 @@ class DumpWriter:
                         self._current = _StepFiles(item.rank_dir, self.header, item.with_tensors, trash)
                     finally:
                         self._opened.set()
+                    if self._current.replaced:
+                        self._said_replaced(item.rank_dir)
                 elif kind is _Meta:
                     if current is not None:
                         current.write_meta(item.stack_parts, item.construct)
@@ -467,3 +492,6 @@ class DumpWriter:
                     shutil.rmtree(trash.pop(), ignore_errors=True)
             except Exception as exc:  # never kill the thread: report once, keep going
                 self._report(exc)
+            # Not held while waiting for the next item: a written tensor's host copy (1 GiB
+            # for a 1 GiB tensor) is freed now, not when the next item arrives.
+            item = current = None

@@ -46,6 +46,7 @@ class HfGenerateHook:
         self._model: Any = None
         self._handles: List[Any] = []
         self._generate: Optional[Callable] = None   # the wrapper installed on the model
+        self._previous: Optional[Callable] = None   # the model's own instance attribute it replaced
         self._depth = 0                   # forwards of the model under way (a nested one is part of its caller's step)
         self._generating = False
         self._said = LogOnce(log)
@@ -62,6 +63,7 @@ class HfGenerateHook:
                          model.register_forward_hook(self._post, with_kwargs=True, always_call=True)]
         original = getattr(model, "generate", None)
         if callable(original):
+            self._previous = model.__dict__.get("generate")   # another tool's instance attribute, kept
             self._generate = self._wrap(original)
             model.__dict__["generate"] = self._generate
 
@@ -73,8 +75,11 @@ class HfGenerateHook:
         self._handles = []
         model, self._model = self._model, None
         if model is not None and self._generate is not None and model.__dict__.get("generate") is self._generate:
-            del model.__dict__["generate"]
-        self._generate = None
+            if self._previous is None:
+                del model.__dict__["generate"]
+            else:
+                model.__dict__["generate"] = self._previous
+        self._generate = self._previous = None
         if self._depth:
             self._depth = 0
             self._end()
@@ -98,6 +103,8 @@ class HfGenerateHook:
         return None
 
     def _post(self, module, args, kwargs, output):
+        if not self._depth:      # a forward that began before attach()
+            return None
         self._depth -= 1
         if self._depth == 0:
             self._end()

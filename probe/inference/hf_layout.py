@@ -104,6 +104,10 @@ class HfLayouts:
             rewrites = self._close_batch(None)
             batch = self._new_batch(shape[0])
         elif tokens is not None:
+            if shape[1] > 1 and inputs.past_length:
+                _said.warning("chunks", "probe: a forward of several new tokens per row after the prefill "
+                                        "(chunked prefill, assisted decoding): the token layout takes the "
+                                        "last one for the token the previous step produced")
             self._produced(batch, [row[-1] for row in tokens], rewrites)
         self._call_started = True
         positions, pads = _positions(inputs, shape)

@@ -7,11 +7,12 @@ floating tensor whose leading dims equal the layout's ``token_shape`` also gets
 each summarised over its remaining elements. The compare gathers one request's rows from
 every step by it.
 
-One batched reduction per tensor over the trailing dims (``amax``/``amin``/``sum``/
-``vector_norm`` with ``dim=1`` on a ``[rows, -1]`` view), never a Python loop over rows.
-Accumulation is as the whole-tensor statistics' (``probe.dump.stats``): float64 on the CPU,
-float32 for half types on a device; NaN makes the row's Max/Min/Mean/Norm NaN, an infinity
-is kept, as torch's reductions and the whole-tensor statistics report them.
+One batched reduction per tensor over the trailing dims, never a Python loop over rows: on
+the CPU the whole-tensor statistics' compiled one-pass loop, run row by row
+(``stats.row_summaries``: the same float64 accumulation and NaN/Inf rules, about the cost of
+the whole-tensor summary); elsewhere ``amax``/``amin``/``sum``/``vector_norm`` with
+``dim=1`` on a ``[rows, -1]`` view, accumulated as the whole-tensor statistics are there
+(float32 for half types). A NaN makes the row's Max/Min/Mean/Norm NaN, an infinity is kept.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import math
 from typing import List, Optional, Tuple
 
 import torch
+
+from probe.dump import stats
 
 _FLOAT_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -32,19 +35,20 @@ class TokenRows:
     flush's other statistics (``fetch_all``), else at once."""
     __slots__ = ("parts", "per_row", "values")
 
-    def __init__(self, parts: torch.Tensor, per_row: int):
+    def __init__(self, parts: Optional[torch.Tensor], per_row: int):
         self.parts = parts          # [rows, 4]: Max, Min, Sum, Norm in the accumulation dtype
         self.per_row = per_row      # elements per row: Mean = Sum / per_row
         self.values: Optional[List[list]] = None
 
     @property
     def on_cpu(self) -> bool:
-        return self.parts.device.type == "cpu"
+        return self.parts is None or self.parts.device.type == "cpu"
 
     def resolve(self) -> List[list]:
         if self.values is None:
+            assert self.parts is not None   # parts go only when values come
             self.values = _as_rows(self.parts.tolist(), self.per_row)
-            self.parts = None   # type: ignore[assignment]   # the numbers are all that is kept
+            self.parts = None   # the numbers are all that is kept
         return self.values
 
 
@@ -58,8 +62,20 @@ def matches(t, token_shape: Tuple[int, ...]) -> bool:
 
 
 def row_reductions(t, token_shape: Tuple[int, ...]) -> TokenRows:
-    """Start the per-row reductions of ``t`` (``matches`` said yes)."""
+    """Start the per-row reductions of ``t`` (``matches`` said yes): a CPU tensor is
+    summarised at once by the whole-tensor statistics' compiled loop, row by row."""
     rows = math.prod(token_shape)
+    done = stats.row_summaries(t, rows)
+    if done is not None:
+        out = TokenRows(None, t.numel() // rows)
+        out.values = done
+        return out
+    return device_row_reductions(t, rows)
+
+
+def device_row_reductions(t, rows: int) -> TokenRows:
+    """The per-row reductions of ``t`` seen as ``[rows, -1]``, started where it lives (no
+    host sync until ``resolve``/``fetch_all``): every tensor but a plain CPU one."""
     x = t.detach().reshape(rows, -1)     # a view when the layout allows, else one copy
     acc = torch.float64 if x.device.type == "cpu" else _FLOAT_WIDE.get(x.dtype, x.dtype)
     mx = torch.amax(x, dim=1).to(acc)    # exact: a float's extremes are floats of a wider type
@@ -74,12 +90,13 @@ def fetch_all(pending: List[TokenRows]) -> None:
     todo = list({id(p): p for p in pending if p.values is None}.values())   # a shared one once
     if not todo:
         return
-    flat = torch.cat([p.parts.to(torch.float64).reshape(-1) for p in todo]).tolist()
+    parts = [p.parts for p in todo if p.parts is not None]   # every one: values None
+    flat = torch.cat([x.to(torch.float64).reshape(-1) for x in parts]).tolist()
     at = 0
-    for p in todo:
-        size = p.parts.shape[0] * 4
+    for p, x in zip(todo, parts):
+        size = x.shape[0] * 4
         p.values = _as_rows([flat[i:i + 4] for i in range(at, at + size, 4)], p.per_row)
-        p.parts = None   # type: ignore[assignment]
+        p.parts = None
         at += size
 
 
