@@ -231,10 +231,10 @@ def compare_requests(npu_root: str, bench_root: str, output_path: str, options: 
     paths = [p for o in outcomes for p in o.paths]
     if options.output.html:
         from .html_report import write_requests_page
-        from .report import _latest
+        from .report import link_latest
         page = write_requests_page(summary, os.path.join(output_path, "compare_run.html"))
         paths.append(page)
-        _latest(page, os.path.join(output_path, "compare_report.html"))
+        link_latest(page, os.path.join(output_path, "compare_report.html"))
     log.debug("inference run compared in %.1f s", time.perf_counter() - t0)
     return summary, summary_path, paths
 
