@@ -98,8 +98,10 @@ def _run(args) -> int:
             if not os.path.exists(p):
                 raise FileNotFoundError(f"no such dump: {p}")
         from .dump_tree import find_dumps
+        from .tokens import is_inference_root
         npu, bench = find_dumps(args.npu), find_dumps(args.bench)
-        if len(npu) == 1 and len(bench) == 1:      # two dump.json files or rank dirs: one pair
+        inference = is_inference_root(args.npu) and is_inference_root(args.bench)
+        if len(npu) == 1 and len(bench) == 1 and not inference:   # two dump.json files or rank dirs: one pair
             if bench2:
                 b2 = find_dumps(bench2)
                 if len(b2) != 1:

@@ -344,3 +344,25 @@ def write_run_page(run_summary: dict, out_path: str) -> str:
     _write(out_path, _asset("run_page.html"), "probe run: " + str(run_summary.get("npu_root", "")), data,
            orjson.OPT_NON_STR_KEYS)
     return out_path
+
+
+def write_requests_page(run_summary: dict, out_path: str) -> str:
+    """Write the page of an inference run compared by request (``requests.py``): the first
+    divergence, and requests x generated tokens, the first differing token of each request
+    marked, each request linking to its compare page (the call table)."""
+    if not isinstance(run_summary, dict) or not isinstance(run_summary.get("requests"), list):
+        raise ConfigError("write_requests_page: run_summary must be a dict with a list of requests")
+    base = os.path.dirname(os.path.abspath(out_path))
+
+    def rel(p):       # a URL path: quoted, so that no folder name reads as a scheme (javascript:)
+        return quote(os.path.relpath(os.path.abspath(p), base).replace(os.sep, "/")) if p else None
+
+    requests = [dict(e, html=rel(e.get("html")), report=rel(e.get("report"))) for e in run_summary["requests"]]
+    fd = run_summary.get("first_divergence")
+    if fd:
+        fd = dict(fd, html=rel(fd.get("html")), report=rel(fd.get("report")))
+    data = dict(run_summary, requests=requests, first_divergence=fd)
+    os.makedirs(base, exist_ok=True)
+    _write(out_path, _asset("requests_page.html"), "probe inference run: " + str(run_summary.get("npu_root", "")),
+           data, orjson.OPT_NON_STR_KEYS)
+    return out_path

@@ -53,6 +53,14 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
     """
     t0 = time.perf_counter()
     options = resolve_options("compare_run", options, keywords, _RUN_KEYWORDS)
+    from .tokens import is_inference_root
+    if is_inference_root(npu_root) and is_inference_root(bench_root):
+        # inference steps are never paired by number: request by request (requests.py)
+        from .requests import compare_requests
+        unused = [k for k, v in (("bench2_root", bench2_root), ("layout", layout), ("scheduler", scheduler),
+                                 ("executor", executor)) if v]
+        summary, summary_path, paths = compare_requests(npu_root, bench_root, output_path, options, unused=unused)
+        return RunResult(summary, summary_path, paths, [], time.perf_counter() - t0)
     npu_root, bench_root = os.path.abspath(npu_root), os.path.abspath(bench_root)
     output_path = os.path.abspath(output_path)
     from .merged_pair import plan_merges

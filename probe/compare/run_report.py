@@ -65,6 +65,9 @@ def write_run_workbook(summary: dict, outcomes: list, output_path: str) -> str:
 
 def answer_lines(summary: dict) -> list:
     """The run's answer as console lines."""
+    if summary.get("requests") is not None:     # an inference run, compared request by request
+        from .requests import answer_lines as request_lines
+        return request_lines(summary)
     fd = summary["first_divergence"]
     counts: dict = {}
     for cell in summary["grid"]:
