@@ -26,6 +26,8 @@ O_PROJ_1 = 7 + 3          # a Llama layer's linears: q, k, v, o, gate, up, down;
 CULPRIT = f"Functional.linear.{O_PROJ_1}.forward"
 SINGLE_ORDER = [2, 0, 3, 1]
 
+pytestmark = pytest.mark.slow   # a dozen generation runs and per-request compares: minutes
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
