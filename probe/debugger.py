@@ -151,6 +151,7 @@ class PrecisionDebugger:
             self._compile_hook.after_step(self.model)
         if self._writer is not None and self._dir_step == self.current_step:
             self._write_meta(only_if_grown=True)   # backward entries that arrived after stop() add to construct.json
+            self._writer.finish_step()             # dump.json says the step finished
             self._writer.sync()
         for part in (self._collector, self._modules, self._kernels, self._tracker, self._graphs):
             if part is not None:
@@ -286,8 +287,13 @@ class PrecisionDebugger:
         self._writer.write_meta(self._collector.stacks.parts(), dict(construct))
 
     def close(self):
-        """Finish writing and remove every patch probe installed."""
+        """Finish writing and remove every patch probe installed. A step stopped (``stop()``)
+        and not ended by ``step()`` is complete here; one still started (the script raised,
+        or never called ``stop()``) is left marked incomplete."""
+        stopped = not self._started
         self._stop()
+        if stopped and self._writer is not None and self._dir_step == self.current_step:
+            self._writer.finish_step()
         if self._interceptor is not None:
             self._interceptor.close()
         if self._compile_hook is not None:
