@@ -524,10 +524,12 @@ def _one_sided_nonfinite(result, calls, facts: _RowFacts):
                                     & (facts.npu_io <= _IO_CODE["output"])], minlength=n) > 0
     forward = {u.npu_entry: u.index for u in calls if u.direction == "forward" and u.npu_entry}
     pairs = result.pairs
+    verdicts = result.columns["Result"]
     for i in np.flatnonzero(one_sided).tolist():
         u = calls[facts.unit[i]]
-        if u.nonfinite_out or pairs[i].npu.store is None or pairs[i].bench.store is None:
-            continue            # its first such row names it; no statistics: nothing known
+        if u.nonfinite_out or verdicts[i] != "error" or pairs[i].npu.store is None or pairs[i].bench.store is None:
+            continue            # its first such row names it; a row the compare did not find
+                                # NaN/Inf differing in (statistics a merge could not give): nothing known
         u.nonfinite_out, u.nonfinite_side = pairs[i].npu.name, "NPU" if bad_a[i] else "bench"
         made = not bad_in[u.index]
         if made and u.direction == "backward":
