@@ -185,6 +185,7 @@ class PrecisionDebugger:
             self._compile_hook.after_step(self.model)
         if self._writer is not None and self._dir_step == self.current_step:
             self._write_meta(only_if_grown=True)   # backward entries that arrived after stop() add to construct.json
+            self._writer.finish_step()             # dump.json says the step finished
             self._writer.sync()
             if self._layout is not None:
                 write_layout(self._step_dir(self.current_step, current_rank()), self._layout)
@@ -369,10 +370,15 @@ class PrecisionDebugger:
         self._writer.write_meta(self._collector.stacks.parts(), dict(construct))
 
     def close(self):
-        """Finish writing and remove every patch probe installed."""
+        """Finish writing and remove every patch probe installed. A step stopped (``stop()``)
+        and not ended by ``step()`` is complete here; one still started (the script raised,
+        or never called ``stop()``) is left marked incomplete."""
         if self._inference is not None:
             self._inference.detach()
+        stopped = not self._started
         self._stop()
+        if stopped and self._writer is not None and self._dir_step == self.current_step:
+            self._writer.finish_step()
         if self._interceptor is not None:
             self._interceptor.close()
         if self._compile_hook is not None:

@@ -254,6 +254,7 @@ def _data(result, diag, digest, files: dict | None) -> dict:
                        "calls": digest["calls"] if digest else None},
             "diagnosed": diag is not None,
             "verdict": _verdict(result, digest, calls),
+            "not_judged": ((digest or {}).get("judged") or {}).get("not_compared") or [],
             "status": STATUS, "results": results, "dirs": dirs, "suffix": suffix,
             "dtypes": dtypes, "shapes": shapes, "metrics": metrics,
             "groups": gpaths, "group_kind": gkind, "files": files or {}},

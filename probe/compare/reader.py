@@ -36,7 +36,7 @@ WHOLE_FILE_BYTES = 256 << 20    # parsed whole: ~6x its size in objects while en
 _WS = " \t\r\n"
 
 
-_HEADER = ("task", "level", "framework", "dump_data_dir", "math_modes")
+_HEADER = ("task", "level", "framework", "dump_data_dir", "math_modes", "complete")
 
 
 @dataclass
@@ -48,6 +48,8 @@ class DumpMeta:
     framework: str | None = None
     dump_data_dir: str | None = None
     math_modes: dict | None = None    # the precision settings it ran with (dump/math_modes.py)
+    complete: bool | None = None      # probe's marker: True once its step ended, False before
+                                      # (a run killed mid-step); None: no marker (msprobe's dumps)
     entries: int = 0
     truncated: bool = False
     problems: list = field(default_factory=list)
@@ -90,6 +92,7 @@ class _RawDoc(msgspec.Struct):
     framework: Any = None
     dump_data_dir: Any = None
     math_modes: Any = None
+    complete: Any = None
 
 
 _RAW_DOC = msgspec.json.Decoder(_RawDoc)

@@ -156,9 +156,10 @@ def diagnosis_sheet(diag) -> Sheet:
     return Sheet("Diagnosis", DIAG_HEADER, cols, styles, _DIAG_WIDTHS)
 
 
-def _describe(label, rec) -> list:
+def _describe(label, rec, judged: bool = True) -> list:
     if rec is None:
-        return [[label, "none: no call adds error beyond what its dtype explains"]]
+        return [[label, "none: no call adds error beyond what its dtype explains" if judged
+                 else "none found among the calls compared (not judged: see above)"]]
     name = rec["npu_name"] or rec["bench_name"]
     if rec["bench_name"] and rec["bench_name"] != rec["npu_name"]:
         name += f"  (bench: {rec['bench_name']})"
@@ -201,8 +202,10 @@ def _fmt(x) -> str:
 def diagnosis_lines(summary: dict) -> list:
     """Summary-sheet lines (also printed) naming where the error starts."""
     fd = summary["first_divergence"]
-    lines = [["verdict", summary.get("verdict", "")],
-             ["matching", summary["matching"]], ["error measure", summary["error_measure"]],
+    lines = [["verdict", summary.get("verdict", "")]]
+    for gap in (summary.get("judged") or {}).get("not_compared") or []:
+        lines.append(["not judged", gap["text"]])
+    lines += [["matching", summary["matching"]], ["error measure", summary["error_measure"]],
              ["calls: clean / introduce / inherit / unmatched",
               " / ".join(str(summary["calls"][k]) for k in ("clean", "introduces", "inherits", "unmatched"))]]
     if summary.get("replayed_calls"):
@@ -217,8 +220,9 @@ def diagnosis_lines(summary: dict) -> list:
                                f"{_fmt(drift['backward'])}" + (
                                    f"; grows fastest at {grow['name']} (x{_fmt(grow['growth'])})"
                                    if grow else "")])
-    lines += _describe("first divergence (forward)", fd["forward"])
-    lines += _describe("first divergence (backward)", fd["backward"])
+    complete = not (summary.get("judged") or {}).get("not_compared")
+    lines += _describe("first divergence (forward)", fd["forward"], complete)
+    lines += _describe("first divergence (backward)", fd["backward"], complete)
     if fd["forward"] is None and fd["backward"] is None and summary.get("inputs_differ"):
         lines += _describe("inputs differ first at", summary["inputs_differ"])
     for s in summary["suspects"]:
@@ -383,13 +387,17 @@ def link_latest(path: str, fixed: str) -> None:
 
 
 def console_summary(result: CompareResult, digest: dict | None, paths: list) -> list:
-    """The few lines the CLI prints: what to open next, row counts, the verdict."""
+    """The few lines the CLI prints: what to open next, row counts, the verdict; first, when
+    the compare could not judge everything, what it could not and why."""
     counts = Counter(result.columns["Result"])
     page = next((p for p in paths if p.endswith(".html")), None)
     book = next((p for p in paths if p.endswith(".xlsx")), None)
     lines = [f"open {page} (the page; every column: {book})" if page and book else f"open {page or book or paths[0]}"]
     lines += [f"{result.mode} mode, {result.n_rows} rows: "
              + ", ".join(f"{k} {counts.get(k, 0)}" for k in ("pass", "warning", "error"))]
+    gaps = ((digest or {}).get("judged") or {}).get("not_compared") or []
+    if gaps:        # what could not be judged (an incomplete dump, nothing paired) comes first
+        lines.insert(0, "not judged: " + "; ".join(g["text"] for g in gaps))
     if digest is not None:
         fd = digest["first_divergence"]
         rec = fd["forward"] or fd["backward"]

@@ -154,6 +154,7 @@ def build_summary(npu_root: str, bench_root: str, outcomes: list, unpaired: list
                 continue
             grid.append({"step": s, "rank": r, "verdict": c.verdict,
                          "first": c.mark.name if c.mark else None,
+                         "reason": c.reason if c.verdict == "not_compared" else None,
                          "report": o.report if o else None, "html": o.html if o else None})
     first = None
     found = first_of_run(cells)
