@@ -37,6 +37,8 @@ _WS = " \t\r\n"
 
 
 _HEADER = ("task", "level", "framework", "dump_data_dir", "math_modes", "complete")
+_HEADER_TYPES = {"math_modes": dict, "complete": bool}     # the others: str
+_TYPE_WORDS = {dict: "an object", bool: "true or false", str: "a string"}
 
 
 @dataclass
@@ -290,11 +292,11 @@ def _raw_entries(raw: bytes) -> _RawDoc | None:
 
 
 def _set_header(meta: DumpMeta, key: str, value) -> None:
-    """One top-level field of dump.json: text (math_modes: an object), or null."""
-    want = dict if key == "math_modes" else str
+    """One top-level field of dump.json: text (math_modes: an object, complete: a bool), or null."""
+    want = _HEADER_TYPES.get(key, str)
     if value is not None and type(value) is not want:
         raise DumpError(f"{meta.path}: dump.json's {key!r} must be "
-                        f"{'an object' if want is dict else 'a string'} or null, got {type(value).__name__}")
+                        f"{_TYPE_WORDS[want]} or null, got {type(value).__name__}")
     setattr(meta, key, value)
 
 
