@@ -7,17 +7,24 @@ layer makes a few dozen calls, so the per-entry cost is nearly all of the overhe
 Llama built from a config (head_dim 32) generates greedily, batched with left padding;
 plain and dumped runs take turns, each in this process after one warm-up of each. Prints
 the median seconds per generate, the ratio dumped/plain per step, the entries dumped per
-step and us per entry ((dumped - plain) / entries). A measurement, not a test.
+step and us per entry ((dumped - plain) / entries). A third run, ``list`` matching no API,
+dumps zero entries: every call is still intercepted and counted, and each step still has
+its folder, an empty dump.json and its token layout; its cost per step is what a dumped
+step costs besides its entries. A measurement, not a test.
 """
 import argparse
 import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 
 import torch
+
+# this tree's probe, not an installed one (bench/ab.py-style before/after runs)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def tiny_llama(hidden, layers):
@@ -48,10 +55,17 @@ def generate(model, ids, mask, new):
                               do_sample=False, pad_token_id=0)
 
 
-def dumped(model, ids, mask, new, root):
+def dumped(model, ids, mask, new, root, api_list=None):
     from probe import PrecisionDebugger
     shutil.rmtree(root, ignore_errors=True)
-    dbg = PrecisionDebugger(dump_path=root, task="statistics", level="L1", inference=True)
+    if api_list is None:
+        dbg = PrecisionDebugger(dump_path=root, task="statistics", level="L1", inference=True)
+    else:   # ``list`` is a config file's key
+        cfg = root + ".json"
+        with open(cfg, "w") as f:
+            json.dump({"task": "statistics", "dump_path": root, "level": "L1", "inference": True,
+                       "statistics": {"list": api_list}}, f)
+        dbg = PrecisionDebugger(config_path=cfg)
     t0 = time.perf_counter()     # from start(): the config and registry are read once a run
     dbg.start(model)
     out = generate(model, ids, mask, new)
@@ -85,19 +99,27 @@ def main():
     plain_out = generate(model, ids, mask, args.new)            # warm-up of each
     _, dumped_out = dumped(model, ids, mask, args.new, root)
     assert torch.equal(plain_out, dumped_out), "dumping changed the generated tokens"
-    plain, on = [], []
+    none = ["no.such.api"]
+    dumped(model, ids, mask, args.new, root, none)
+    plain, on, empty = [], [], []
     for _ in range(args.rounds):
         t0 = time.perf_counter()
         generate(model, ids, mask, args.new)
         plain.append(time.perf_counter() - t0)
+        empty.append(dumped(model, ids, mask, args.new, root, none)[0])
         on.append(dumped(model, ids, mask, args.new, root)[0])
     n, steps = entries(root)
     shutil.rmtree(root, ignore_errors=True)
+    if os.path.exists(root + ".json"):
+        os.remove(root + ".json")
     off_s, on_s = statistics.median(plain), statistics.median(on)
     print(f"tiny Llama d{args.hidden} x{args.layers} layers, batch {args.batch}, {args.new} new tokens: {steps} steps, "
           f"{n} entries ({n / steps:.0f} a step)")
     print(f"{'plain s':>9}{'dumped s':>10}{'ratio':>7}{'us/entry':>10}")
     print(f"{off_s:>9.3f}{on_s:>10.3f}{on_s / off_s:>7.2f}{(on_s - off_s) / n * 1e6:>10.1f}")
+    zero = statistics.median(empty)
+    print(f"zero entries (list matching no API): {zero:.3f} s, x{zero / off_s:.2f}, "
+          f"{(zero - off_s) / steps * 1e3:.2f} ms a step besides its entries")
 
 
 if __name__ == "__main__":

@@ -331,7 +331,7 @@ static PyObject *kinds;         /* dict: torch.dtype -> KIND_* */
 static PyObject *dtype_names;   /* dict: torch.dtype -> "torch.float32", ... */
 static PyObject *strided;       /* torch.strided */
 static PyObject *s_dtype, *s_is_cpu, *s_layout, *s_is_neg, *s_numel, *s_is_contiguous, *s_data_ptr,
-    *s_shape, *s_requires_grad, *s_version, *k_type, *k_dtype, *k_shape, *k_max, *k_min, *k_mean,
+    *s_shape, *s_requires_grad, *s_version, *s_is_inference, *k_type, *k_dtype, *k_shape, *k_max, *k_min, *k_mean,
     *k_norm, *k_requires_grad, *v_tensor;
 
 static PyObject *setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -392,12 +392,24 @@ static PyObject *cached(PyObject *cache, PyObject *key, PyObject *t, PyObject *v
  * at this version, else reduced here (when it is a contiguous, non-negated, non-empty CPU
  * tensor) and stored. NULL without an error: not one this path can read. */
 static PyObject *statistics_of(PyObject *t, PyObject *kind_obj, PyObject *cache) {
-    PyObject *key = PyLong_FromVoidPtr(t), *version = PyObject_GetAttr(t, s_version), *value = NULL;
-    if (key == NULL || version == NULL)
+    PyObject *key = PyLong_FromVoidPtr(t), *version = NULL, *value = NULL;
+    if (key == NULL)
         goto done;
-    value = cached(cache, key, t, version);
-    if (value != NULL || PyErr_Occurred())
+    /* An inference tensor (torch.inference_mode) has no version counter, and reading
+     * _version raises a C++ exception (~50 us, more than the reduction of a decode step's
+     * tensor): asked first, it is reduced every time and never cached (an in-place write
+     * would not show). */
+    int inference = truth_of(t, s_is_inference, 1);
+    if (inference < 0)
         goto done;
+    if (!inference) {
+        version = PyObject_GetAttr(t, s_version);
+        if (version == NULL)
+            goto done;
+        value = cached(cache, key, t, version);
+        if (value != NULL || PyErr_Occurred())
+            goto done;
+    }
     if (truth_of(t, s_is_cpu, 0) != 1 || truth_of(t, s_is_neg, 1) != 0 || truth_of(t, s_is_contiguous, 1) != 1)
         goto done;
     PyObject *layout = PyObject_GetAttr(t, s_layout);
@@ -415,7 +427,7 @@ static PyObject *statistics_of(PyObject *t, PyObject *kind_obj, PyObject *cache)
     if (ptr == NULL)
         goto done;
     value = reduce(ptr, n, PyLong_AsLong(kind_obj));
-    if (value == NULL)
+    if (value == NULL || version == NULL)
         goto done;
     PyObject *ref = PyWeakref_NewRef(t, NULL);
     PyObject *entry = ref == NULL ? NULL : PyTuple_Pack(3, ref, version, value);
@@ -496,10 +508,10 @@ PyMODINIT_FUNC PyInit__cstats(void) {
     if (m == NULL)
         return NULL;
     PyObject **names[] = {&s_dtype, &s_is_cpu, &s_layout, &s_is_neg, &s_numel, &s_is_contiguous, &s_data_ptr,
-                          &s_shape, &s_requires_grad, &s_version, &k_type, &k_dtype, &k_shape, &k_max, &k_min,
+                          &s_shape, &s_requires_grad, &s_version, &s_is_inference, &k_type, &k_dtype, &k_shape, &k_max, &k_min,
                           &k_mean, &k_norm, &k_requires_grad, &v_tensor};
     const char *texts[] = {"dtype", "is_cpu", "layout", "is_neg", "numel", "is_contiguous", "data_ptr",
-                           "shape", "requires_grad", "_version", "type", "dtype", "shape", "Max", "Min",
+                           "shape", "requires_grad", "_version", "is_inference", "type", "dtype", "shape", "Max", "Min",
                            "Mean", "Norm", "requires_grad", "torch.Tensor"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if ((*names[k] = PyUnicode_InternFromString(texts[k])) == NULL) {

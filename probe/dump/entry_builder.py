@@ -153,10 +153,13 @@ class EntryBuilder:
 
     def token_rows(self, t, s, cache):
         """``s["token_stats"]`` of ``t``: at once on the CPU, at the flush on a device."""
-        rows = cache.lookup_rows(t)
-        if rows is None:
+        if t.is_inference():   # never cached (no version counter): no lookup, no store
             rows = token_stats.row_reductions(t, self.token_shape)
-            cache.store_rows(t, rows)
+        else:
+            rows = cache.lookup_rows(t)
+            if rows is None:
+                rows = token_stats.row_reductions(t, self.token_shape)
+                cache.store_rows(t, rows)
         if rows.values is not None or rows.on_cpu or self.rows_deferred is None:
             s["token_stats"] = rows.resolve()
         else:

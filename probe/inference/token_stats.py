@@ -57,8 +57,8 @@ def matches(t, token_shape: Tuple[int, ...]) -> bool:
     with something to summarise."""
     if type(t) not in _PLAIN_TYPES or not t.dtype.is_floating_point or t.is_meta:
         return False
-    k = len(token_shape)
-    return t.dim() >= k and tuple(t.shape[:k]) == token_shape and t.numel() > 0
+    # a torch.Size equals the tuple of its dims; one shorter than token_shape differs
+    return t.shape[:len(token_shape)] == token_shape and t.numel() > 0
 
 
 def row_reductions(t, token_shape: Tuple[int, ...]) -> TokenRows:
