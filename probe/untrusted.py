@@ -14,6 +14,7 @@ draws, compare.json) opens them here, so the checks live in one place:
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
 from typing import Any, BinaryIO
@@ -113,4 +114,9 @@ def read_json(path: str, what: str = "file") -> Any:
     try:
         return orjson.loads(raw)
     except (orjson.JSONDecodeError, RecursionError) as exc:
+        if "surrogate" in str(exc):   # a lone ``\ud800`` escape (a hostile name): valid JSON that
+            try:                      # orjson refuses; the json module reads it, the writers replace it
+                return json.loads(decode_text(raw, path, what))
+            except (ValueError, RecursionError):
+                pass
         raise json_problem(exc, raw, path, what) from None
