@@ -27,8 +27,8 @@ from probe.dump.draws import DrawHandler
 from probe.dump.writer import DumpWriter
 from probe.errors import ConfigError
 from probe.hook_module.interceptor import Interceptor
-from probe.inference.token_layout import write_layout
 from probe.hook_module.registry import load_registry, resolve
+from probe.inference.token_layout import write_layout
 from probe.log_once import LogOnce
 from probe.rank import current_rank
 from probe.seed import seed_all
@@ -247,6 +247,10 @@ class PrecisionDebugger:
         self._draws = DrawHandler(self.forensics, self.config.random_from)
         handler = self._draws if self._draws.active else self.forensics
         self._interceptor = Interceptor(with_custom_ops(self.registry), handler)
+        fresh = getattr(getattr(self._collector, "entries", None), "fresh", None)
+        if fresh is not None and level in ("L1", "mix"):   # empty buffers: recorded without values
+            from probe.dump.fresh_buffers import ALLOCATORS
+            self._interceptor.watch_allocations(ALLOCATORS, fresh.allocated)
         if level in ("L1", "mix") and self.config.task != "overflow_check" and self._compile_hook is None:
             # registered APIs inside torch.compile'd graphs, from the next compile on
             if self._construct is None:    # L1: construct.json holds the compiled graphs' entries only

@@ -341,11 +341,15 @@ static PyObject *cached(PyObject *cache, PyObject *key, PyObject *t, PyObject *v
  * tensor) and stored. NULL without an error: not one this path can read. */
 static PyObject *statistics_of(PyObject *t, PyObject *kind_obj, PyObject *cache) {
     PyObject *key = PyLong_FromVoidPtr(t), *version = PyObject_GetAttr(t, s_version), *value = NULL;
-    if (key == NULL || version == NULL)
+    if (key == NULL)
         goto done;
-    value = cached(cache, key, t, version);
-    if (value != NULL || PyErr_Occurred())
-        goto done;
+    if (version == NULL)   /* an inference tensor (torch.inference_mode) has no version counter: */
+        PyErr_Clear();     /* reduced every time, never cached (an in-place write would not show) */
+    else {
+        value = cached(cache, key, t, version);
+        if (value != NULL || PyErr_Occurred())
+            goto done;
+    }
     if (truth_of(t, s_is_cpu, 0) != 1 || truth_of(t, s_is_neg, 1) != 0 || truth_of(t, s_is_contiguous, 1) != 1)
         goto done;
     PyObject *layout = PyObject_GetAttr(t, s_layout);
@@ -364,6 +368,8 @@ static PyObject *statistics_of(PyObject *t, PyObject *kind_obj, PyObject *cache)
         goto done;
     value = reduce(ptr, n, PyLong_AsLong(kind_obj));
     if (value == NULL)
+        goto done;
+    if (version == NULL)
         goto done;
     PyObject *ref = PyWeakref_NewRef(t, NULL);
     PyObject *entry = ref == NULL ? NULL : PyTuple_Pack(3, ref, version, value);

@@ -234,7 +234,7 @@ class SummaryCache:
 
     def lookup(self, t):
         hit = self._entries.get(id(t))
-        if hit is not None and hit[0]() is t and hit[1] == t._version:
+        if hit is not None and hit[0]() is t and hit[1] == _version(t):
             return hit[2]
         return None
 
@@ -249,8 +249,20 @@ class SummaryCache:
                 self._entries.pop(id(local), None)
 
     def store(self, t, value):
+        version = _version(t)
+        if version is None:   # an inference tensor: an in-place write would not show, never cached
+            return
         try:
-            self._entries[id(t)] = (weakref.ref(t), t._version, value)
+            self._entries[id(t)] = (weakref.ref(t), version, value)
         except TypeError:  # not weak-referenceable: just don't cache
             pass
+
+
+def _version(t):
+    """``t._version``; None for an inference tensor (made under ``torch.inference_mode``,
+    as vLLM's are), which has no version counter: reading it raises."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
