@@ -5,7 +5,8 @@ vLLM's engine starts its processes with spawn, which re-imports this file in eac
 
 Greedy generation of the prompts (token ids, no tokenizer) in one ``LLM.generate`` call; the
 generated token ids per prompt go to OUT_JSON. The probe plugin is active when the caller sets
-``PROBE_CONFIG``. ``PROBE_TEST_ATTN_SCALE=1.05`` scales the CPU attention's output in every
+``PROBE_CONFIG`` (or ``PROBE_TEST_ADDITIONAL_CONFIG``: passed as ``additional_config``'s
+``dump_config_path``, vllm-ascend's form). ``PROBE_TEST_ATTN_SCALE=1.05`` scales the CPU attention's output in every
 process (a fault below the API, inside ``vllm.unified_attention_with_output``).
 """
 import json
@@ -40,8 +41,11 @@ def save_tiny_llama(path):
 
 def main(model_dir, out_json, prompts, max_tokens, eager=True):
     from vllm import LLM, SamplingParams
+    extra = {}
+    if os.environ.get("PROBE_TEST_ADDITIONAL_CONFIG"):   # vllm-ascend's --additional-config form
+        extra["additional_config"] = {"dump_config_path": os.environ["PROBE_TEST_ADDITIONAL_CONFIG"]}
     llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=eager, dtype="float32",
-              max_model_len=256, max_num_seqs=8, seed=0)
+              max_model_len=256, max_num_seqs=8, seed=0, **extra)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     with open(out_json, "w", encoding="utf-8") as f:
