@@ -11,9 +11,9 @@ import os
 
 import pytest
 import torch
-
 from custom_ops import define
 from real_runs import llama
+
 from probe import PrecisionDebugger
 from probe.compare import compare
 
