@@ -35,10 +35,18 @@ def _rms_out(x, w, eps, out):
     out.copy_(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w)
 
 
+_HANDLES = {}   # handle -> weight, as vLLM's oneDNN handler holds the linear's weight in C++
+
+
+def _mm_handle(c, a, handler_tensor):
+    c.copy_(a @ _HANDLES[int(handler_tensor)])
+
+
 sdpa_into = define("probetest", "sdpa_into(Tensor q, Tensor k, Tensor v, Tensor(a!) output, float scale) -> ()",
                    _sdpa_into)
 scale_rows = define("probetest", "scale_rows(Tensor(a!) x, float s) -> ()", _scale_rows)
 rms_out = define("probetest", "rms_out(Tensor x, Tensor w, float eps, *, Tensor(a!) out) -> ()", _rms_out)
+mm_handle = define("probetest", "mm_handle(Tensor(a!) c, Tensor a, Tensor handler_tensor) -> ()", _mm_handle)
 
 
 class _Garbage:
@@ -48,7 +56,8 @@ class _Garbage:
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """An attention function as a serving engine's: the output is allocated empty, viewed,
-    and filled in place by the kernel (a custom op); an in-place op and an ``out=`` op follow."""
+    and filled in place by the kernel (a custom op); an in-place op, an ``out=`` op and a GEMM
+    whose weight is behind a handle (vLLM's ``_C.onednn_mm``) follow."""
     b, h, s, d = query.shape
     output = torch.empty(b * s * h * d, dtype=query.dtype)
     output.numpy()[:] = _Garbage.value    # what the memory held: no API probe sees wrote it
@@ -58,7 +67,11 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     normed = torch.empty(b, s, h, d)
     normed.numpy()[:] = _Garbage.value
     rms_out(output, torch.ones(d), 1e-6, out=normed)
-    return normed, None
+    handle = 1000 + len(_HANDLES)   # an address: another in every run
+    _HANDLES[handle] = torch.eye(d)
+    projected = torch.empty_like(normed)
+    mm_handle(projected, normed, torch.tensor(handle))
+    return projected, None
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -99,7 +112,8 @@ def test_inference_mode_is_dumped_with_custom_ops_at_l1(tmp_path):
         linears = [v for k, v in data.items() if k.startswith("Functional.linear.")]
         assert linears and all(v["output"][0]["Max"] is not None for v in linears)   # statistics under inference_mode
         names = {k.rsplit(".", 2)[0] for k in data}
-        assert {"Custom.probetest.sdpa_into", "Custom.probetest.scale_rows", "Custom.probetest.rms_out"} <= names
+        assert {"Custom.probetest.sdpa_into", "Custom.probetest.scale_rows", "Custom.probetest.rms_out",
+                "Custom.probetest.mm_handle"} <= names
         n_layers = llama().config.num_hidden_layers
         assert sum(k.startswith("Custom.probetest.sdpa_into.") for k in data) == n_layers
 
@@ -118,6 +132,9 @@ def test_custom_ops_record_what_they_write(tmp_path):
     # the out= op: the buffer is no input data, its output is the result
     assert normed["input_kwargs"]["out"]["uninitialized"] is True and normed["input_kwargs"]["out"]["Max"] is None
     assert normed["output"][0]["Max"] is not None and abs(normed["output"][0]["Max"]) < 1e3
+    # the handle is an address: no value
+    handle = data["Custom.probetest.mm_handle.0.forward"]["input_args"][2]
+    assert handle["opaque"] is True and handle["Max"] is None
 
 
 @pytest.mark.parametrize("task", ["statistics", "tensor"])
@@ -157,6 +174,7 @@ def test_custom_section_selects_namespaces_and_ops(tmp_path):
             debugger.step()
         debugger.close()
         seen[case] = {k.rsplit(".", 2)[0] for k in _data(tmp_path / case) if k.startswith("Custom.")}
-    assert seen["every"] == {"Custom.probetest.sdpa_into", "Custom.probetest.scale_rows", "Custom.probetest.rms_out"}
+    assert seen["every"] == {"Custom.probetest.sdpa_into", "Custom.probetest.scale_rows", "Custom.probetest.rms_out",
+                             "Custom.probetest.mm_handle"}
     assert seen["one_op"] == {"Custom.probetest.scale_rows"}
     assert seen["none"] == set()

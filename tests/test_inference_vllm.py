@@ -147,3 +147,16 @@ def test_additional_config_form_dumps_each_step(single):
     steps = _steps(dump)
     assert len(steps) == MAX_TOKENS   # one prefill, then a decode per further token
     assert [_read(dump, s, "token_layout.json")["produced"].popitem()[1] for s in steps] == tokens[0]
+
+
+def test_compiled_mode_dumps_vllms_ops_and_says_what_it_cannot(tmp):
+    """vLLM's default without enforce_eager: torch.compile for a symbolic token count."""
+    tokens, dump, log = _vllm(tmp, "compiled", PROMPTS[:1], extra=("compiled",))
+    assert log.count("probe: vLLM compiles the model") == 1, log[-3000:]   # said once, in the worker
+    steps = _steps(dump)
+    assert len(steps) == MAX_TOKENS
+    for s in steps:
+        names = {k.rsplit(".", 2)[0] for k in _read(dump, s, "dump.json")["data"]}
+        # vLLM's kernels and attention run outside its graphs: dumped as called
+        assert {"Custom._C.onednn_mm", "Custom.vllm.unified_attention_with_output", "Custom._C.greedy_argmax"} <= names
+    assert [_read(dump, s, "token_layout.json")["produced"].popitem()[1] for s in steps] == tokens[0]

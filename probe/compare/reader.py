@@ -58,7 +58,8 @@ Leaf = msgspec.defstruct(
     "Leaf", [("type", str), ("dtype", Any, UNSET), ("shape", Any, UNSET),     # UNSET: no such key
              *[(key, Any, None) for key in STAT_KEYS],
              ("requires_grad", Any, None), ("md5", Any, None), ("data_name", Any, None), ("value", Any, None),
-             ("uninitialized", Any, None)],   # a buffer not yet written (torch.empty, out=): no data
+             ("uninitialized", Any, None),    # a buffer not yet written (torch.empty, out=): no data
+             ("opaque", Any, None)],          # a custom op's handle (an address): no data
     gc=False, module=__name__)
 
 

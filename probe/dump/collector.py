@@ -16,7 +16,7 @@ from probe.dump.call_site import as_called
 from probe.dump.entry_builder import EntryBuilder
 from probe.dump.records import ForwardEntry
 from probe.hook_module import grad_capture
-from probe.hook_module.custom_ops import mutated_args
+from probe.hook_module.custom_ops import handle_args, mutated_args
 from probe.hook_module.torch_function_off import no_function_mode
 from probe.vocabulary import CUSTOM, in_place, scope_key
 
@@ -102,6 +102,17 @@ class _InPlace(dict):
 
 
 _in_place = _InPlace()
+
+
+class _Handles(dict):
+    """``handles[op]``: the (position, name) of a custom op's handle arguments, once per op."""
+
+    def __missing__(self, func):
+        value = self[func] = handle_args(func)
+        return value
+
+
+_handles = _Handles()
 _CUSTOM = CUSTOM + "."
 
 
@@ -172,6 +183,12 @@ class ApiCollector:
         if flt.forward:
             if flt.inputs:
                 entries.inputs(call.entry, fwd, args, kwargs, call.summaries)
+                if name.startswith(_CUSTOM):
+                    for i, arg in _handles[func]:   # an address, not data
+                        if i < len(args):
+                            call.entry.input_args[i] = entries.opaque(args[i])
+                        elif arg in kwargs:
+                            call.entry.input_kwargs[arg] = entries.opaque(kwargs[arg])
             self.stacks.capture(fwd, getattr(func, "__code__", None))
         if flt.backward and torch.is_grad_enabled():
             inputs = grad_capture.input_slots(args, kwargs)

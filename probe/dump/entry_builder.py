@@ -172,6 +172,14 @@ class EntryBuilder:
             return [self.unread(x) for x in v]
         return describe_value(v)
 
+    def opaque(self, v):
+        """The record of a handle (a custom op's argument holding an address): its type and
+        shape, no value, ``"opaque": true``; the compare never compares it."""
+        if isinstance(v, torch.Tensor):
+            return {"type": "torch.Tensor", "dtype": str(v.dtype), "shape": list(v.shape),
+                    **NO_STATS, "requires_grad": v.requires_grad, "opaque": True}
+        return {"type": type(v).__name__, "value": None, "opaque": True}
+
     def save(self, t, file_stem):
         name = file_stem + self.ext
         self.writer.add_tensor(name, self.host_copy(dtensor_layout.split(t)[0]))

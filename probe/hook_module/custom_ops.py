@@ -21,6 +21,8 @@ one name):
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from probe.torch_compat import op_name
@@ -104,3 +106,17 @@ def mutated_args(func, args, kwargs):
         if isinstance(value, torch.Tensor):
             written.append(value)
     return written
+
+
+# An argument the schema names a handle (vLLM's ``onednn_mm(..., Tensor handler_tensor)``, the
+# address of a C++ object holding the weight; ``shm_allreduce(int handle, ...)``): an address.
+_HANDLE = re.compile(r"(?:^|_)handler?(?:_|$)").search
+
+
+def handle_args(func):
+    """The positions and names of the arguments ``func``'s schema names a handle: their
+    values are addresses that differ from run to run, no data."""
+    schema = getattr(func, "_schema", None) or getattr(getattr(func, "default", None), "_schema", None)
+    if schema is None:
+        return ()
+    return tuple((i, arg.name) for i, arg in enumerate(schema.arguments) if _HANDLE(arg.name))
