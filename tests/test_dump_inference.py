@@ -76,7 +76,10 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
 
 @pytest.fixture(scope="module", autouse=True)
 def _registered():
-    from transformers import AttentionInterface
+    try:
+        from transformers import AttentionInterface
+    except ImportError:   # the torch-floor venv's transformers 4.40
+        pytest.skip("transformers before 4.48 has no AttentionInterface to plug the attention in")
     AttentionInterface.register("probetest", _attention)
 
 
