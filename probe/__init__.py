@@ -18,6 +18,7 @@ _EXPORTS = {
     "module_dump_end": "probe.debugger",
     "seed_all": "probe.seed",
     "ConfigError": "probe.config",
+    "DumpError": "probe.errors",
     "compare": "probe.compare",
     "compare_distributed": "probe.compare",
     "compare_run": "probe.compare",

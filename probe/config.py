@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from probe.errors import ConfigError, unknown
+from probe.int_ranges import IntRanges
 
 TASKS = ("statistics", "tensor", "overflow_check", "meta_check")
 # Sections msprobe configs may carry for tasks probe does not run: accepted, ignored.
@@ -23,7 +24,7 @@ SUMMARY_MODES = ("statistics", "md5")
 FILE_FORMATS = ("npy", "pt")   # pt: torch.save'd CPU tensors, as msprobe writes for PyTorch
 TOP_KEYS = ("task", "dump_path", "rank", "step", "level", "seed", "is_deterministic",
             "enable_dataloader", "async_dump", "wrap_ops_yaml", "framework", "precision",
-            "backward_origin", "random_from")
+            "backward_origin", "random_from", "inference")
 SECTION_KEYS = ("scope", "list", "data_mode", "summary_mode", "file_format", "backward_input",
                 "online_run_ut", "nfs_path", "host", "port", "overflow_nums", "check_mode")
 _PATH_RE = re.compile(r"^[A-Za-z0-9_./\-]+$")
@@ -33,8 +34,8 @@ _PATH_RE = re.compile(r"^[A-Za-z0-9_./\-]+$")
 class DumpConfig:
     task: str = "statistics"
     dump_path: str = "./dump_path"
-    rank: tuple = ()            # empty: every rank
-    step: tuple = ()            # empty: every step
+    rank: IntRanges = IntRanges()   # empty: every rank
+    step: IntRanges = IntRanges()   # empty: every step; ranges kept as (lo, hi), never expanded
     level: str = "L1"
     seed: Optional[int] = None  # None: leave the RNGs alone
     is_deterministic: bool = False
@@ -43,6 +44,7 @@ class DumpConfig:
     backward_origin: bool = False   # name the forward API behind a failing backward (costs ~40 us/call)
     wrap_ops_yaml: Optional[str] = None
     random_from: Optional[str] = None   # an NPU dump root whose random draws this (bench) run takes
+    inference: bool = False     # each forward of start(model)'s model is a step (probe.inference)
     scope: tuple = ()
     list: tuple = ()
     data_mode: tuple = ("all",)
@@ -62,38 +64,65 @@ def _fail(source, key, msg):
     raise ConfigError(f"{source}: {key}: {msg}")
 
 
-def _parse_steps(source, value):
+_MAX_INDEX = 2 ** 63 - 1     # a step or rank past this is a typo, not a plan
+_RANGE_RE = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?")
+
+
+def _shown(item):
+    """``item`` as a message shows it: at most 60 characters (an int past str()'s digit
+    limit is named by its size)."""
+    if isinstance(item, int) and not isinstance(item, bool) and item.bit_length() > 200:
+        return f"<an int of {item.bit_length()} bits>"
+    text = repr(item)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _index(source, key, item, text):
+    """``text`` (ASCII digits) as an int in [0, _MAX_INDEX]: a 5000-digit number is refused
+    here in one line, not by int()'s digit limit as a traceback."""
+    if len(text) > 19 or int(text) > _MAX_INDEX:
+        _fail(source, key, f"bad item {_shown(item)}: past the largest {key} allowed ({_MAX_INDEX})")
+    return int(text)
+
+
+def _parse_ranges(source, key, value, ranges_allowed):
+    """A list of ints (and, for ``step``, ``"a-b"`` ranges, both ends included) as
+    ``IntRanges``: a range is kept as its two ends, whatever its width."""
+    what = "ints >= 0 or 'a-b' ranges" if ranges_allowed else "ints >= 0"
     if not isinstance(value, list):
-        _fail(source, "step", f"must be a list of ints or 'a-b' ranges, got {value!r}")
-    steps = set()
+        _fail(source, key, f"must be a list of {what}, got {_shown(value)}")
+    pairs = []
     for item in value:
-        if isinstance(item, bool) or not isinstance(item, (int, str)):
-            _fail(source, "step", f"bad item {item!r}; use ints >= 0 or 'a-b' ranges")
+        if isinstance(item, bool) or not isinstance(item, (int, str)) or (isinstance(item, str) and not ranges_allowed):
+            _fail(source, key, f"bad item {_shown(item)}; use {what}")
         if isinstance(item, int):
             if item < 0:
-                _fail(source, "step", f"bad item {item!r}; steps are >= 0")
-            steps.add(item)
+                _fail(source, key, f"bad item {_shown(item)}; {key}s are >= 0")
+            if item > _MAX_INDEX:
+                _fail(source, key, f"bad item {_shown(item)}: past the largest {key} allowed ({_MAX_INDEX})")
+            pairs.append((item, item))
             continue
-        m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", item) or re.fullmatch(r"\s*(\d+)\s*", item)
+        m = _RANGE_RE.fullmatch(item)
         if not m:
-            _fail(source, "step", f"bad item {item!r}; use ints >= 0 or 'a-b' ranges")
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.lastindex == 2 else lo
+            _fail(source, key, f"bad item {_shown(item)}; use {what}")
+        lo = _index(source, key, item, m.group(1))
+        hi = lo if m.group(2) is None else _index(source, key, item, m.group(2))
         if hi < lo:
-            _fail(source, "step", f"bad range {item!r}: start is after end")
-        steps.update(range(lo, hi + 1))
-    return tuple(sorted(steps))
+            _fail(source, key, f"bad range {_shown(item)}: start is after end")
+        pairs.append((lo, hi))
+    return IntRanges.of(pairs)
+
+
+def _parse_steps(source, value):
+    return _parse_ranges(source, "step", value, ranges_allowed=True)
 
 
 def _parse_ranks(source, value):
-    if not isinstance(value, list) or any(isinstance(r, bool) or not isinstance(r, int) for r in value):
-        _fail(source, "rank", f"must be a list of ints, got {value!r}")
-    if any(r < 0 for r in value):
-        _fail(source, "rank", f"ranks are >= 0, got {value!r}")
+    ranks = _parse_ranges(source, "rank", value, ranges_allowed=False)
     world = os.environ.get("WORLD_SIZE")
-    if value and world and world.isdigit() and all(r >= int(world) for r in value):
-        _fail(source, "rank", f"{value!r} can never match: WORLD_SIZE is {world}")
-    return tuple(sorted(set(value)))
+    if ranks and world and world.isdigit() and ranks.first >= int(world):
+        _fail(source, "rank", f"{ranks} can never match: WORLD_SIZE is {world}")
+    return ranks
 
 
 def _check_list(source, key, value, allowed=None):
@@ -166,6 +195,8 @@ def read_json_config(config_path) -> dict:
         raise ConfigError(f"config_path: file not found: {config_path}") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{config_path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+    except (ValueError, RecursionError) as exc:   # not UTF-8, an int past int()'s digit limit, deep nesting
+        raise ConfigError(f"{config_path}: unreadable JSON ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{config_path}: expected a JSON object")
     return raw
@@ -234,7 +265,7 @@ def _check_top_level(top, src, source, config_path, keywords) -> dict:
         if isinstance(top["seed"], bool) or not isinstance(top["seed"], int) or not 0 <= top["seed"] < 2 ** 32:
             _fail(src("seed"), "seed", f"must be an int in [0, 2**32), got {top['seed']!r}")
         cfg["seed"] = top["seed"]
-    for key in ("is_deterministic", "enable_dataloader", "async_dump", "backward_origin"):
+    for key in ("is_deterministic", "enable_dataloader", "async_dump", "backward_origin", "inference"):
         if key in top:
             cfg[key] = _check_bool(src(key), key, top[key])
     if top.get("wrap_ops_yaml") is not None:

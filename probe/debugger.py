@@ -24,6 +24,7 @@ from probe.dump.collector import ApiCollector
 from probe.dump.compiled_graphs import CompiledGraphs, CompileHook
 from probe.dump.construct import Construct
 from probe.dump.draws import DrawHandler
+from probe.dump.folder_lock import FolderLock
 from probe.dump.writer import DumpWriter
 from probe.errors import ConfigError
 from probe.hook_module.interceptor import Interceptor
@@ -88,6 +89,8 @@ class PrecisionDebugger:
         self._meta_mark = None
         self._dir_step = None
         self._layout = None       # StepLayout of the current step (inference), written at step()
+        self._inference = None    # inference.hf.HfGenerateHook: each forward of the model is a step
+        self._folder_lock = None  # FolderLock: this process owns {dump_path}/step*/rank{R} until close()
         previous = PrecisionDebugger._current and PrecisionDebugger._current()
         if previous is not None:
             previous.close()
@@ -97,16 +100,27 @@ class PrecisionDebugger:
 
     # ---- msprobe's interface -------------------------------------------------
     def start(self, model=None):
-        """Begin (or resume) dumping the current step."""
+        """Begin (or resume) dumping the current step.
+
+        With ``inference`` on, begin dumping ``model``'s inference instead: from here to
+        ``stop()`` each forward of the model is one step (``probe.inference.hf``)."""
         if self._started:
             self._misuse("start", "start() called again without stop(): the dump goes on as one")
+            if self._inference is not None and self._inference.attached:
+                return
         self._started = self._step_started = True
         if model is not None:
             self.model = model
         level = self.config.level
+        if self.config.inference:
+            self._start_inference()
+            return
         if level in ("L0", "mix") and self.model is None:
             raise ConfigError(f"{self.config.source}: level: {level} dumps modules: pass the model, "
                               f"start(model) or PrecisionDebugger(..., model=model)")
+        self._open_step()
+
+    def _open_step(self):
         if self._active:
             return
         rank = current_rank()
@@ -115,6 +129,7 @@ class PrecisionDebugger:
         if self._writer is None:   # started again after close(): a fresh chain, the same features
             self._make_dumpers()
         if self._dir_step != self.current_step:
+            self._own_folder(rank)
             self._dir_step = self.current_step
             rank_dir = self._step_dir(self.current_step, rank)
             self._writer.open_dir(rank_dir, self._with_tensors)
@@ -131,10 +146,15 @@ class PrecisionDebugger:
         """
         if not self._started:
             self._misuse("stop", "stop() called without start(): nothing to stop")
+        if self._inference is not None:
+            self._inference.detach()
         self._stop()
 
     def _stop(self):
         self._started = False
+        self._pause()
+
+    def _pause(self):
         if self._active:
             self._active = False
             self._detach()
@@ -142,6 +162,10 @@ class PrecisionDebugger:
 
     def step(self):
         """End the step: its files are complete on disk when this returns."""
+        if self.config.inference:
+            self._misuse("step-inference", "inference: true: each forward of the model is a step; "
+                                           "step() is not needed and does nothing")
+            return
         if self._started:
             self._misuse("step", "step() called between start() and stop(): the dump stopped at "
                                  "step(); calls until the next start() are not recorded")
@@ -149,10 +173,19 @@ class PrecisionDebugger:
             self._misuse("step-idle", f"step() without start() during step {self.current_step}: nothing was dumped")
         self._step_started = False
         self._stop()
+        self._finish_step()
+
+    def _end_forward_step(self):
+        """Inference: the model's forward returned; its step ends (``start`` stays in force)."""
+        self._pause()
+        self._finish_step()
+
+    def _finish_step(self):
         if self._compile_hook is not None and self._dir_step == self.current_step:
             self._compile_hook.after_step(self.model)
         if self._writer is not None and self._dir_step == self.current_step:
             self._write_meta(only_if_grown=True)   # backward entries that arrived after stop() add to construct.json
+            self._writer.finish_step()             # dump.json says the step finished
             self._writer.sync()
             if self._layout is not None:
                 write_layout(self._step_dir(self.current_step, current_rank()), self._layout)
@@ -179,6 +212,8 @@ class PrecisionDebugger:
         if step is None or step == self.current_step:
             if self._dir_step == self.current_step:
                 self._layout = layout
+                if self.config.task == "statistics":   # tensor mode: the .npy rows say it all
+                    self._collector.entries.token_shape = tuple(int(n) for n in layout.token_shape)
             return
         folder = self._step_dir(step, current_rank())
         if os.path.isdir(folder):
@@ -204,6 +239,16 @@ class PrecisionDebugger:
         self._whole = []
 
     # ---- internals -----------------------------------------------------------
+    def _start_inference(self):
+        if self.model is None or isinstance(self.model, (list, tuple)):
+            raise ConfigError(f"{self.config.source}: inference: true makes each forward of the model a step: "
+                              f"pass the model, start(model)")
+        if self._inference is None:
+            from probe.inference.hf import HfGenerateHook
+            self._inference = HfGenerateHook(self._open_step, self._end_forward_step, self.set_step_layout,
+                                             lambda: self.current_step, self.config.wants_step)
+        self._inference.attach(self.model)
+
     def _misuse(self, kind, message):
         """A call-sequence mistake: said once per kind, never raised into the training loop."""
         self._misuse_said.warning(kind, "probe: %s", message)
@@ -298,7 +343,25 @@ class PrecisionDebugger:
         return self.config.task in ("tensor", "overflow_check")
 
     def _step_dir(self, step, rank):
-        return os.path.join(self.config.dump_path, f"step{step}", "rank" if rank is None else f"rank{rank}")
+        return os.path.join(self.config.dump_path, f"step{step}", _rank_folder(rank))
+
+    def _own_folder(self, rank):
+        """Hold the lock of this dump_path and rank before making its first folder: a
+        second process dumping there at once is refused (ConfigError), not mixed in."""
+        folder = _rank_folder(rank)
+        lock = self._folder_lock
+        if lock is not None and lock.rank_folder == folder:
+            return                   # held (or, where the OS has no lock, tried once)
+        if lock is not None:         # the rank became known (process group made later)
+            lock.release()
+        self._folder_lock = None
+        lock = FolderLock(self.config.dump_path, folder, self.config.source)
+        try:
+            lock.acquire()
+        except ConfigError:
+            self._started = self._step_started = False
+            raise
+        self._folder_lock = lock
 
     def _write_meta(self, only_if_grown=False):
         if self._dir_step != self.current_step:
@@ -311,8 +374,15 @@ class PrecisionDebugger:
         self._writer.write_meta(self._collector.stacks.parts(), dict(construct))
 
     def close(self):
-        """Finish writing and remove every patch probe installed."""
+        """Finish writing and remove every patch probe installed. A step stopped (``stop()``)
+        and not ended by ``step()`` is complete here; one still started (the script raised,
+        or never called ``stop()``) is left marked incomplete."""
+        if self._inference is not None:
+            self._inference.detach()
+        stopped = not self._started
         self._stop()
+        if stopped and self._writer is not None and self._dir_step == self.current_step:
+            self._writer.finish_step()
         if self._interceptor is not None:
             self._interceptor.close()
         if self._compile_hook is not None:
@@ -323,6 +393,13 @@ class PrecisionDebugger:
             self._writer = None
         if self._draws is not None:
             self._draws.close()   # after the writer: the step's folder is made by then
+        if self._folder_lock is not None:
+            self._folder_lock.release()   # after every file is written
+            self._folder_lock = None
+
+
+def _rank_folder(rank):
+    return "rank" if rank is None else f"rank{rank}"
 
 
 def _call_through(name, func, args, kwargs):

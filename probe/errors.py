@@ -22,3 +22,10 @@ def unknown(what, value, allowed) -> str:
 class DrawMismatch(ConfigError):
     """A bench run given ``random_from`` made a random call the NPU run's draws do not fit
     (another call sequence, shape or p). The message names the call, the step and what differs."""
+
+
+class DumpError(ConfigError):
+    """A dump's file that probe refuses to read: malformed (not UTF-8 JSON, wrong types,
+    nested too deeply), hostile (a name leaving the dump's folder, a FIFO or a device) or
+    unsafe to load (a pickle). The message names the file, the entry and what is wrong;
+    the CLI prints it as one line and exits 2 (a ConfigError, so one ``except`` catches both)."""

@@ -154,8 +154,16 @@ def _compiling_or_tracing() -> bool:
     return is_compiling() or _tracing_context() is not None
 
 
-# What probe's function mode and module hooks ask to stay out of torch.compile's way.
-compiling = is_compiling if DYNAMO_TRACES_FUNCTION_MODES else _compiling_or_tracing
+# torch.compiler.is_compiling() holds True for a whole compile, code that runs during it
+# without being traced included, only since pytorch#184614 (torch 2.13: dynamo's
+# ``_compile_session_context``). Before, it is True only in code dynamo traces: its own runs
+# of each op on fake tensors (torch 2.6's ``addmm`` decomposition computes ``alpha * mm``,
+# through probe's patched ``Tensor.__rmul__``) see False, and the compile's tracing
+# context, set then, tells them apart.
+COMPILE_SESSION_FLAG = hasattr(torch.compiler, "_compile_session_context")
+
+# What probe's function mode, patches and module hooks ask to stay out of torch.compile's way.
+compiling = is_compiling if DYNAMO_TRACES_FUNCTION_MODES and COMPILE_SESSION_FLAG else _compiling_or_tracing
 
 
 def run_eagerly(func):
@@ -218,6 +226,15 @@ def fully_shard_api():
     return None
 
 
+# FSDP2 on the CPU (gloo) runs only where the CPU's stand-in stream takes events:
+# ``torch.cpu.Stream.record_event`` / ``wait_event`` (no-ops) came with torch 2.7
+# (pytorch#145935). On torch 2.3-2.6 FSDP2's first all-gather raises AttributeError on the
+# CPU, with or without probe; on an accelerator it runs.
+FSDP2_RUNS_ON_CPU = hasattr(getattr(torch.cpu, "Stream", None), "record_event")
+FSDP2_NOT_ON_CPU = (f"torch {torch.__version__}'s FSDP2 cannot run on the CPU: torch.cpu.Stream has no "
+                    "record_event before torch 2.7 (pytorch#145935); on an accelerator it runs")
+
+
 def real_tensors():
     """A context in which tensors are real even inside a compile's fake-tensor mode: the
     dump's flush may come while dynamo compiles, and fetches numbers of real tensors."""
@@ -227,3 +244,8 @@ def real_tensors():
         import contextlib
         return contextlib.nullcontext()
     return unset_fake_temporarily()
+
+# torch.load(weights_only=True) refuses every pickle but plain tensors' from 2.6 on; before
+# it, a crafted file runs code anyway (CVE-2025-32434). Read where a dump's .pt file is
+# about to be loaded (probe.compare.tensors.load_pt), so a test can set it.
+SAFE_WEIGHTS_ONLY = TORCH >= (2, 6)

@@ -312,7 +312,7 @@ CALL_STATUSES = ("clean", "introduces", "inherits", "can't tell", "draw", "unmat
 # The statuses the report page tells apart, in its order (the others show as its first).
 PAGE_STATUSES = ("clean", "introduces", "inherits", "unmatched", "not compared")
 # A step/rank pair's verdict in a whole-run compare (the run's grid).
-RUN_VERDICTS = ("clean", "introduces", "inherits", "inputs_differ", "missing", "failed")
+RUN_VERDICTS = ("clean", "introduces", "inherits", "inputs_differ", "not_compared", "missing", "failed")
 
 # ---------------------------------------------------------------- compare columns
 

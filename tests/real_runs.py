@@ -136,8 +136,10 @@ class KernelFault(TorchDispatchMode):
     kernel that left its output buffer as it was); "bf16_acc" recomputes a reduction
     (sum, mean, a vector 2-norm) with a bf16 accumulator, adding term by term;
     "fp16_softmax" recomputes a softmax in fp16 without subtracting the row's max first
-    (exp(x) / sum(exp(x))). In-place ops are faulted in their first argument (for a foreach
-    op, its ``index``-th tensor). Every aten op's calls are counted per step (``counts``) so
+    (exp(x) / sum(exp(x))); "overflow" recomputes a softmax without max subtraction whose
+    exponent is offset by ``factor`` (exp overflows to inf, inf / inf is NaN); "bf16_stats"
+    recomputes a layer_norm whose mean and variance are taken in bf16. In-place ops are
+    faulted in their first argument (for a foreach op, its ``index``-th tensor). Every aten op's calls are counted per step (``counts``) so
     that the API call that contained the faulted kernel can be named (``expected``).
     """
 
@@ -188,9 +190,26 @@ class KernelFault(TorchDispatchMode):
                 x, dim = args[0], args[1]
                 e = torch.exp(x.to(torch.float16))
                 t.copy_(e / e.sum(dim, keepdim=True))
+            elif self.how == "overflow":
+                x, dim = args[0], args[1]
+                e = torch.exp(x.float() + self.factor)     # no max subtracted: exp overflows to inf
+                t.copy_(e / e.sum(dim, keepdim=True))      # inf / inf: NaN
+            elif self.how == "bf16_stats":
+                x, shape, w, b = args[0], args[1], args[2], args[3]
+                eps = args[4] if len(args) > 4 else 1e-5
+                dims = tuple(range(x.dim() - len(shape), x.dim()))
+                xb = x.to(torch.bfloat16)
+                mean = xb.mean(dims, keepdim=True).float()
+                var = ((xb - mean.to(torch.bfloat16)) ** 2).mean(dims, keepdim=True).float()
+                y = (x.float() - mean) * torch.rsqrt(var + eps)
+                if w is not None:
+                    y = y * w.float()
+                if b is not None:
+                    y = y + b.float()
+                t.copy_(y.to(t.dtype))
             else:
-                raise ValueError(f"KernelFault how={self.how!r}: scale, offset, poke, stale, bf16_acc "
-                                 "or fp16_softmax")
+                raise ValueError(f"KernelFault how={self.how!r}: scale, offset, poke, stale, bf16_acc, "
+                                 "fp16_softmax, overflow or bf16_stats")
         self.applied = True
 
     def expected(self) -> str:

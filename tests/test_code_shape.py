@@ -1,4 +1,5 @@
-"""The code's shape: probe's modules import each other without a cycle.
+"""The code's shape: probe's modules import each other without a cycle, and no module
+imports another's private names.
 
 The import graph is read with ``ast`` from every module under ``probe/``, function-level
 imports included (a cycle hidden inside a function still ties the two modules together:
@@ -122,3 +123,32 @@ def test_no_import_cycles():
 
 def test_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
+
+
+def private_imports():
+    """``module:line imports _name from other`` for each private name (``_x``, not a dunder,
+    not a module such as a C extension) that a probe module takes from another probe module,
+    function-level imports included: a private name is its module's own business."""
+    modules = _modules()
+    found = []
+    for module, (path, is_init) in modules.items():
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            sources = set(_targets(module, is_init, node, modules))
+            for alias in node.names:
+                name = alias.name
+                if not name.startswith("_") or name.startswith("__"):
+                    continue
+                if any(s.endswith("." + name) for s in sources):   # a module (a C extension)
+                    continue
+                if sources:
+                    found.append(f"{module}:{node.lineno} imports {name} from {', '.join(sorted(sources))}")
+    return found
+
+
+def test_no_private_names_imported_across_modules():
+    found = private_imports()
+    assert not found, "private names imported:\n" + "\n".join(found)

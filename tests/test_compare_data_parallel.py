@@ -17,6 +17,7 @@ from gloo_ranks import rank_env, run_ranks
 
 TIMEOUT = 240
 pytestmark = [
+    pytest.mark.slow,   # several processes or compiled graphs: minutes on a busy machine
     pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux"),
     pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built"),
 ]
@@ -58,17 +59,19 @@ def _launch(out, wrapper, opts):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """``run(name)`` -> the dump root of RUNS[name], made on first use; skips FSDP2 where
-    this torch has none (before 2.3)."""
+    this torch has none (before 2.3) or where it cannot run on the CPU (before 2.7)."""
     root = tmp_path_factory.mktemp("dp")
     made: dict = {}
 
     def get(name):
         wrapper, opts = RUNS[name]
         if wrapper == "fsdp2":
-            from probe.torch_compat import fully_shard_api
+            from probe.torch_compat import FSDP2_NOT_ON_CPU, FSDP2_RUNS_ON_CPU, fully_shard_api
             if fully_shard_api() is None:
                 pytest.skip(f"torch {torch.__version__} has no FSDP2 (fully_shard: torch.distributed.fsdp from "
                             "2.6, torch.distributed._composable.fsdp in 2.3-2.5)")
+            if not FSDP2_RUNS_ON_CPU:   # the gloo ranks run on the CPU
+                pytest.skip(FSDP2_NOT_ON_CPU)
         if name not in made:
             made[name] = _launch(str(root / name), wrapper, opts)
         if isinstance(made[name], Exception):

@@ -45,6 +45,11 @@ class _CsvWriter:
         self.writerows([row])
 
 
+def _formula_safe(value):
+    """A text that a spreadsheet would take for a formula, with OWASP's leading apostrophe."""
+    return "'" + value if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+
+
 def _csv_text(value) -> str:
     """csv.writer's field, but a finite float in the shortest text that reads back as it
     (``1e-5`` where csv.writer has repr's ``1e-05``)."""
@@ -52,6 +57,7 @@ def _csv_text(value) -> str:
         text = orjson.dumps(value).decode()
         assert float(text) == value
         return text
+    value = _formula_safe(value)
     buf = io.StringIO()
     _CsvWriter(buf).writerow([value, "x"])
     return buf.getvalue()[:-len(",x\r\n")]
@@ -73,6 +79,7 @@ def _expected(v):
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return v
     if isinstance(v, str):
+        v = _formula_safe(v)
         text = "".join(c for c in v if c in "\t\n\r" or ord(c) >= 32)
         text = text.replace("\r\n", "\n").replace("\r", "\n")      # XML reads CR as LF
         return text if len(text) <= 32000 else text[:32000] + "..."
@@ -102,7 +109,7 @@ def test_workbook_and_csv_round_trip(tmp_path):
     buf = io.StringIO(newline="")
     w = _CsvWriter(buf)
     w.writerow(header)
-    w.writerows([[_csv_text(v) if type(v) is float and math.isfinite(v) else v for v in row]
+    w.writerows([[_csv_text(v) if type(v) is float and math.isfinite(v) else _formula_safe(v) for v in row]
                  for row in zip(*cols)])
     with open(csv_path, newline="", encoding="utf-8") as fh:
         assert fh.read() == buf.getvalue()

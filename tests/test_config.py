@@ -45,6 +45,10 @@ BAD_TOP = [
     ("step_negative", {"step": [-2]}, "step"),
     ("step_range_reversed", {"step": ["5-2"]}, "step"),
     ("step_range_garbage", {"step": ["a-b"]}, "step"),
+    ("step_range_negative", {"step": ["-3-5"]}, "step"),
+    ("step_range_huge_end", {"step": ["0-" + "9" * 5000]}, "step"),
+    ("step_huge_int", {"step": [2 ** 64]}, "step"),
+    ("rank_range", {"rank": ["0-3"]}, "rank"),
     ("seed_type", {"seed": "1"}, "seed"),
     ("seed_bool", {"seed": True}, "seed"),
     ("is_deterministic_type", {"is_deterministic": "yes"}, "is_deterministic"),
@@ -195,7 +199,7 @@ def test_keyword_arguments_override_the_file(tmp_path, dump_dir, make_debugger):
     other = os.path.join(dump_dir, "other")
     path = _write(tmp_path, _base(other, task="statistics", step=[3]))
     dbg = make_debugger(config_path=path, task="tensor", step=[0])  # dump_path from make_debugger
-    assert (dbg.config.task, dbg.config.dump_path, dbg.config.step) == ("tensor", dump_dir, (0,))
+    assert (dbg.config.task, dbg.config.dump_path, dbg.config.step.spans) == ("tensor", dump_dir, ((0, 0),))
     dbg.start()
     torch.exp(torch.ones(2))
     dbg.stop()
@@ -211,9 +215,46 @@ def test_good_values_are_accepted(tmp_path, dump_dir):
                 tensor={"scope": [], "list": [], "data_mode": ["all"]},
                 overflow_check={"overflow_nums": 1})
     cfg = PrecisionDebugger(config_path=_write(tmp_path, cfg)).config
-    assert cfg.step == (0, 2, 3, 4, 7) and cfg.rank == (0, 1) and cfg.seed == 7
+    assert cfg.step.spans == ((0, 0), (2, 4), (7, 7)) and cfg.rank.spans == ((0, 1),) and cfg.seed == 7
     assert cfg.summary_mode == "md5" and cfg.data_mode == ("forward", "input")
     assert cfg.list == ("relu", "regex(^Torch\\.)") and cfg.async_dump is True
+
+
+def test_huge_step_and_rank_ranges_are_kept_as_ranges(tmp_path, dump_dir):
+    """A trillion-step range costs two ints, not a set of its members (which grew to 24 GB
+    until the OOM killer stopped PrecisionDebugger(...))."""
+    cfg = _base(dump_dir, step=["0-1000000000000", 5, "2000000000000-2000000000005", "7-9"],
+                rank=[7, 3, 1, 2])
+    cfg = PrecisionDebugger(config_path=_write(tmp_path, cfg)).config
+    assert cfg.step.spans == ((0, 1000000000000), (2000000000000, 2000000000005))
+    assert cfg.rank.spans == ((1, 3), (7, 7))
+    for step, wanted in ((0, True), (10 ** 12, True), (10 ** 12 + 1, False), (2 * 10 ** 12 - 1, False),
+                         (2 * 10 ** 12, True), (2 * 10 ** 12 + 5, True), (2 * 10 ** 12 + 6, False)):
+        assert cfg.wants_step(step) is wanted, step
+    for rank, wanted in ((0, False), (1, True), (3, True), (4, False), (6, False), (7, True), (8, False)):
+        assert cfg.wants_rank(rank) is wanted, rank
+    empty = PrecisionDebugger(dump_path=dump_dir).config
+    assert empty.wants_step(10 ** 15) and empty.wants_rank(0)   # no list: every step and rank
+
+
+def test_step_range_edges_decide_which_steps_are_dumped(make_debugger, dump_dir):
+    dbg = make_debugger(step=["1-2", "4-4"])
+    for _ in range(6):
+        dbg.start()
+        torch.exp(torch.ones(2))
+        dbg.stop()
+        dbg.step()
+    dbg.close()
+    assert sorted(os.listdir(dump_dir)) == ["step1", "step2", "step4"]
+
+
+def test_unreadable_config_json_is_one_line(tmp_path):
+    for name, data in (("digits", b'{"step": [' + b"1" * 5000 + b"]}"), ("deep", b"[" * 100000 + b"]" * 100000),
+                       ("utf16", '{"step": [1]}'.encode("utf-16")), ("latin1", b'{"dump_path": "\xe9"}')):
+        path = tmp_path / f"{name}.json"
+        path.write_bytes(data)
+        msg = _refused(lambda p=str(path): PrecisionDebugger(config_path=p), str(path))
+        assert len(msg) < 400, msg
 
 
 def test_seed_in_config_fixes_the_rngs(tmp_path, dump_dir):

@@ -6,6 +6,8 @@ import os
 import pytest
 from gloo_ranks import free_port
 
+pytestmark = pytest.mark.slow   # several processes or compiled graphs: minutes on a busy machine
+
 torch = pytest.importorskip("torch")
 dist = torch.distributed
 mp = pytest.importorskip("torch.multiprocessing")

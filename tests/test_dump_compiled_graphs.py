@@ -25,8 +25,8 @@ from models import make_gpt, train_step  # noqa: E402
 from probe import PrecisionDebugger  # noqa: E402
 from probe.dump import compiled_graphs  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not compiled_graphs.SUPPORTED,
-                                reason="torch < 2.5: compiled graphs are dumped only where they run eagerly")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not compiled_graphs.SUPPORTED,
+                                reason="torch < 2.5: compiled graphs are dumped only where they run eagerly")]
 STEPS = 3
 
 

@@ -7,6 +7,8 @@ import torch.distributed as dist
 from conftest import load_dump
 from gloo_ranks import free_port
 
+pytestmark = pytest.mark.slow   # several processes or compiled graphs: minutes on a busy machine
+
 
 @pytest.fixture
 def one_rank_group(monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from gloo_ranks import run_ranks
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux")]
 
 
 def _tp_run(out, dump_ranks, world=2, timeout=120):

@@ -99,9 +99,11 @@ def test_tiny_model_values_and_schema_match_msprobe_833(make_debugger, dump_dir)
     dbg.step()
     with open(os.path.join(dump_dir, "step0", "rank", "dump.json")) as f:
         doc = json.load(f)
-    # msprobe's header, plus the precision settings the run had (a key msprobe's readers skip)
-    assert {k: v for k, v in doc.items() if k not in ("data", "math_modes")} == \
+    # msprobe's header, plus the precision settings the run had and whether its step finished
+    # (keys msprobe's readers skip)
+    assert {k: v for k, v in doc.items() if k not in ("data", "math_modes", "complete")} == \
         {k: v for k, v in ref_doc.items() if k != "data"}
+    assert doc["complete"] is True
     assert doc["math_modes"]["float32_matmul_precision"] == torch.get_float32_matmul_precision()
     for name, ref in ref_doc["data"].items():
         if name not in doc["data"]:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -146,6 +147,44 @@ def test_tensor_queue_is_bounded(make_debugger, dump_dir, monkeypatch):
     dbg.step()
     assert len(peak) == 200 and max(peak) <= limit
     assert len(os.listdir(os.path.join(dump_dir, "step0", "rank", "dump_tensor_data"))) == 200
+
+
+def test_tensor_past_the_bound_is_copied_once_the_queue_is_empty(make_debugger, dump_dir, monkeypatch):
+    """A tensor bigger than the queue's bound waits for the copies before it to reach the
+    disk before its own host copy is made, and a written copy is freed at once (the writer
+    thread held the last one until the next item came): dumping one 1 GiB call held two
+    1 GiB copies beside its input and output (peak 4.4 GB), one is enough."""
+    import probe.dump.stats as stats_mod
+    monkeypatch.setattr(writer_mod, "_MAX_PENDING_BYTES", 4096)
+    real_write, real_copy = writer_mod._write_npy, stats_mod.host_copy
+    pending_at_copy = []
+
+    def slow_write(path, arr):      # a slow disk: the writer thread lags behind training
+        time.sleep(0.02)
+        real_write(path, arr)
+
+    def watched_copy(t):
+        pending_at_copy.append(dbg._writer._bytes)
+        copy = real_copy(t)
+        copies.append(weakref.ref(copy))
+        return copy
+
+    monkeypatch.setattr(writer_mod, "_write_npy", slow_write)
+    monkeypatch.setattr(stats_mod, "host_copy", watched_copy)
+    dbg = make_debugger(task="tensor")
+    x = torch.randn(64, 64)         # 16 KiB per tensor file, past the 4 KiB bound
+    copies = []
+    dbg.start()
+    for _ in range(5):
+        torch.exp(x)
+    deadline = time.monotonic() + 10    # mid-step, every file written: no copy is held any more
+    while any(c() is not None for c in copies) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(copies) == 10 and sum(c() is not None for c in copies) == 0
+    dbg.stop()
+    dbg.step()
+    assert len(pending_at_copy) == 10 and set(pending_at_copy) == {0}, pending_at_copy
+    assert len(os.listdir(os.path.join(dump_dir, "step0", "rank", "dump_tensor_data"))) == 10
 
 
 def test_rerun_into_same_path_replaces_that_step(make_debugger, dump_dir):

@@ -105,9 +105,11 @@ def test_full_disk_training_goes_on_and_every_dump_json_is_valid(make_debugger, 
     assert len(said) == 1, [r.getMessage() for r in caplog.records]
     files = glob.glob(os.path.join(tiny_disk, "step*", "rank", "dump.json"))
     assert files   # at least the first step's file
+    complete = []
     for path in files:
         with open(path, encoding="utf-8") as f:
-            json.load(f)
+            complete.append(json.load(f)["complete"])
+    assert False in complete, complete     # a step whose writes failed never says it finished
     assert sorted(os.listdir(tiny_disk)) == sorted(d for d in os.listdir(tiny_disk) if d in
                                                    ("step0", "step1", "step2", "step3"))
     assert not os.path.exists(os.path.join(tiny_disk, "step4"))

@@ -141,6 +141,27 @@ def test_input_changed_in_place_by_the_failing_call(tmp_path, capture):
         assert any("modified in place" in n for n in meta["notes"])
 
 
+@pytest.mark.parametrize("capture", [False, True])
+def test_crash_under_inference_mode_is_saved(tmp_path, capture):
+    # inference tensors have no version counter: the crash dump must not need one
+    torch.manual_seed(0)
+    model = Outer()
+    d = PrecisionDebugger(task="statistics", dump_path=str(tmp_path / "dump"), level="L1")
+    crash.enable(d, capture_inputs=capture)
+    with torch.inference_mode():
+        x = torch.randn(3, 4)
+        bad = torch.randn(5, 7)
+        d.start()
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            model(x, bad_weight=bad)
+        d.stop()
+    folder = tmp_path / "dump" / "exception" / "Functional.linear.1.forward"
+    meta = json.loads((folder / "exception.json").read_text())
+    info = meta["inputs"]["input.1"]
+    saved = torch.load(folder / "dump_tensor_data" / info["data_name"], weights_only=True)
+    assert torch.equal(saved, bad) and "modified_in_place" not in info
+
+
 def test_broken_crash_dump_never_replaces_the_users_error(tmp_path, caplog):
     d = PrecisionDebugger(task="statistics", dump_path=str(tmp_path / "dump"), level="L1")
     feature = crash.enable(d)

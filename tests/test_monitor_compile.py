@@ -17,6 +17,8 @@ from torch._dynamo.utils import counters  # noqa: E402
 from probe import Monitor  # noqa: E402
 from probe.torch_compat import TORCH  # noqa: E402
 
+pytestmark = pytest.mark.slow   # several processes or compiled graphs: minutes on a busy machine
+
 STEPS = 6
 
 

@@ -18,6 +18,8 @@ from models import make_gpt
 
 from probe import Monitor
 
+pytestmark = pytest.mark.slow   # several processes or compiled graphs: minutes on a busy machine
+
 STEPS = 3
 WORLD = 2
 

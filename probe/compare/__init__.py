@@ -9,6 +9,9 @@ tree, results_dataframe reads a result CSV back; vocabulary (probe/) names rows 
 A whole run (two dump trees): run -> executor (local processes or Dask) -> pair_job (one
 pair per worker: compare, report, parquet) -> causality (collectives order the ranks) ->
 run summary + run_report (workbook). check_ranks: one run's collectives across ranks.
+Two inference roots (steps with token_layout.json) are compared by request instead:
+requests (run's answer) -> tokens (layouts read, requests matched by prompt) ->
+request_dump (a request's rows of every step as a dump of its own) -> pair_job per request.
 """
 import importlib
 

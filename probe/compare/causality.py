@@ -73,6 +73,7 @@ class Timeline:
     """What the run needs from one pair: its first divergence and its collectives."""
     first: Mark | None
     collectives: list = field(default_factory=list)   # k -> (name, status, input_error, output_error, tolerance)
+    not_judged: str = ""       # why the pair's compare could not judge its step (coverage.py); "" if it could
 
 
 def epochs(calls) -> list:
@@ -113,13 +114,14 @@ def timeline(diag) -> Timeline:
         mark = Mark(u.name, u.direction, kind, u.index, at.get(id(u), 0),
                     bool(collective_op(u.npu_entry or u.bench_entry)) and u.direction == "forward",
                     u.input_error, u.output_error)
-    return Timeline(mark, colls)
+    cov = getattr(diag, "coverage", None)
+    return Timeline(mark, colls, cov.text if cov is not None else "")
 
 
 @dataclass
 class Cell:
     """A pair's verdict in the run: its own diagnosis, corrected for the other ranks."""
-    verdict: str               # clean / introduces / inherits / inputs_differ / missing / failed
+    verdict: str               # clean / introduces / inherits / inputs_differ / not_compared / missing / failed
     mark: Mark | None = None
     reason: str = ""
     source: int | None = None  # the rank it inherits from
@@ -134,8 +136,8 @@ def judge_step(timelines: dict) -> dict:
             cells[r] = Cell("failed")
             continue
         m = t.first
-        if m is None:
-            cells[r] = Cell("clean")
+        if m is None:          # clean only where the pair's compare could judge its step
+            cells[r] = Cell("not_compared", reason=t.not_judged) if t.not_judged else Cell("clean")
             continue
         sources = sorted((m2.order, r2) for r2, m2 in marks.items() if r2 != r and m2.reaches <= m.sees)
         if sources:

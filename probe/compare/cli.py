@@ -1,10 +1,10 @@
 """``probe compare``: msprobe's ``-i compare.json`` form, or ``--npu/--bench`` paths."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 from probe.errors import ConfigError
+from probe.untrusted import read_json
 
 from .options import Analysis, CompareOptions, Matching, Output
 
@@ -62,7 +62,7 @@ def options_of(args) -> CompareOptions:
 
 
 def _run(args) -> int:
-    from .entry_points import compare, compare_distributed
+    from .entry_points import compare, compare_distributed, param_path
     if args.input_path and (args.npu or args.bench):
         given = " and ".join(f"--{k} {v}" for k, v in (("npu", args.npu), ("bench", args.bench)) if v)
         raise ConfigError(f"-i {args.input_path} and {given} both name the dumps: give -i compare.json, "
@@ -80,15 +80,14 @@ def _run(args) -> int:
     if args.input_path:
         if not os.path.isfile(args.input_path):
             raise FileNotFoundError(f"compare.json not found: {args.input_path}")
-        try:
-            with open(args.input_path, encoding="utf-8") as fh:
-                param = json.load(fh)
-        except ValueError as exc:
-            raise ConfigError(f"{args.input_path} is not valid JSON: {exc}") from None
-        npu = param.get("npu_json_path") or param.get("npu_path")
-        bench = param.get("bench_json_path") or param.get("bench_path")
+        param = read_json(args.input_path, "compare.json")
+        if not isinstance(param, dict):
+            raise ConfigError(f"{args.input_path}: compare.json must be an object with npu_json_path and "
+                              f"bench_json_path, got {type(param).__name__}")
+        npu = param_path(param, "npu_json_path", "npu_path")
+        bench = param_path(param, "bench_json_path", "bench_path")
         if npu and bench and os.path.isdir(npu) and os.path.isdir(bench):
-            run_kw["bench2_dir"] = bench2 or param.get("bench2_json_path") or param.get("bench2_path")
+            run_kw["bench2_dir"] = bench2 or param_path(param, "bench2_json_path", "bench2_path")
             paths = compare_distributed(npu, bench, args.output_path, **run_kw)
         else:
             if bench2:
@@ -99,8 +98,10 @@ def _run(args) -> int:
             if not os.path.exists(p):
                 raise FileNotFoundError(f"no such dump: {p}")
         from .dump_tree import find_dumps
+        from .tokens import is_inference_root
         npu, bench = find_dumps(args.npu), find_dumps(args.bench)
-        if len(npu) == 1 and len(bench) == 1:      # two dump.json files or rank dirs: one pair
+        inference = is_inference_root(args.npu) and is_inference_root(args.bench)
+        if len(npu) == 1 and len(bench) == 1 and not inference:   # two dump.json files or rank dirs: one pair
             if bench2:
                 b2 = find_dumps(bench2)
                 if len(b2) != 1:

@@ -6,26 +6,34 @@ shows ``blocks.0.fc1 (Linear)`` so a suspect API can be found in the model's cod
 """
 from __future__ import annotations
 
-import json
 import os
 
+from probe.errors import DumpError
+from probe.untrusted import inside, read_json
 from probe.vocabulary import MODULE, module_label
 
 
 def load_modules(dump_json: str) -> dict:
-    """entry -> module label, for entries called inside a module; {} without construct.json."""
-    path = os.path.join(os.path.dirname(os.path.abspath(dump_json)), "construct.json")
+    """entry -> module label, for entries called inside a module; {} without construct.json.
+    DumpError (one line) for a construct.json that is not an object of entry -> parent."""
+    folder = os.path.dirname(os.path.abspath(dump_json))
+    path = os.path.join(folder, "construct.json")
+    if not os.path.lexists(path):
+        return {}
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
+        data = read_json(inside(folder, "construct.json"), "construct.json")   # (a symlink out: refused)
+    except FileNotFoundError:
         return {}
     if not isinstance(data, dict):
-        return {}
+        raise DumpError(f"{path}: construct.json must be an object (entry name -> the module entry "
+                        f"that called it), got {type(data).__name__}")
     out = {}
     for entry, parent in data.items():
         if isinstance(entry, str) and entry.startswith(MODULE + "."):
             out[entry] = module_label(entry)          # a module's own path
         elif isinstance(parent, str):
             out[entry] = module_label(parent)
+        elif parent is not None:
+            raise DumpError(f"{path}: construct.json entry {entry!r}: its parent must be a module "
+                            f"entry name or null, got {type(parent).__name__}")
     return out

@@ -44,6 +44,7 @@ import numpy as np
 from . import draws
 from . import verdict as vd
 from .codes import codes
+from .coverage import Coverage, coverage
 from .draws import DrawCheck
 from .local_error import LocalError, Replays
 from .rows import field_of, numels, stats_of
@@ -107,6 +108,11 @@ class CallDiag(msgspec.Struct, gc=False):
     extremes_off: bool = False     # statistics: its output's Max/Min are not its function of its input's
     normalizes: bool = False       # divides by its input's spread: amplifies what came in
     note: str = ""                 # why a "can't tell" comes from outside the numbers (a shard merge)
+    nonfinite_out: str = ""        # its first output row with NaN/Inf on one side only ("" if none)
+    nonfinite_side: str = ""       # ... the side that has them ("NPU" / "bench")
+    nonfinite: bool = False        # ... while every input (and, backward, its forward's tensors)
+                                   # is finite on both sides: it made them, whatever came before
+    amplification: float | None = None   # statistics: how much its statistics let it amplify input error
     _api: object = _UNPARSED
 
     @property
@@ -143,6 +149,8 @@ class CallDiag(msgspec.Struct, gc=False):
         """How far the output error exceeds what came in (and the threshold): for ranking.
         With a replay: how far the local error exceeds what a correct kernel adds (and the
         NPU side's measured precision for its API, where one was measured)."""
+        if self.nonfinite:
+            return math.inf
         if self.draw is not None:
             return math.inf if self.draw.broken else 0.0
         if self.local is not None:
@@ -156,6 +164,14 @@ class CallDiag(msgspec.Struct, gc=False):
     @property
     def reason(self) -> str:
         """One sentence: why this call is judged as it is."""
+        if self.nonfinite:
+            other = "bench" if self.nonfinite_side == "NPU" else "NPU"
+            return (f"its output {self.nonfinite_out} has NaN/Inf on the {self.nonfinite_side} side only, while "
+                    f"its inputs are finite on both sides: it made the non-finite values (an overflow, a "
+                    f"division by zero, a log of 0) where the {other} side's kernel did not")
+        if self.nonfinite_out and self.status == "inherits" and self.output_error == math.inf:
+            return (f"its output {self.nonfinite_out} has NaN/Inf on the {self.nonfinite_side} side only, but "
+                    f"its inputs (or what its forward call saved) are not finite on both sides: they came in")
         if self.draw is not None:
             return self.draw.reason
         if self.extremes_off:
@@ -163,6 +179,11 @@ class CallDiag(msgspec.Struct, gc=False):
                     f"Min: the kernel computes something else (its output differs by {self.output_error:.3g})")
         if self.status == "can't tell" and self.note:
             return self.note
+        if self.status == "can't tell" and self.amplification is not None:
+            return (f"its output statistics differ by {self.output_error:.3g} where its inputs' differ by "
+                    f"{self.input_error or 0.0:.3g}: within what its normalization can amplify that by "
+                    f"(x{self.amplification:.3g}, from its input's statistics), so Max/Min/Mean/Norm cannot "
+                    f"tell (a tensor dump re-runs it on its inputs)")
         if self.status == "can't tell":
             return (f"its output statistics differ by {self.output_error:.3g} where its inputs' differ by "
                     f"{self.input_error or 0.0:.3g}: Max/Min/Mean/Norm cannot tell whether it amplified "
@@ -177,6 +198,10 @@ class CallDiag(msgspec.Struct, gc=False):
                         f"{self.score:.3g}x the NPU side's typical error for its API "
                         f"({self.device_error:.2g}, {self.local.ratio:.3g}x a correct CPU kernel's)")
             return self.local.reason()
+        if self.status == "introduces" and self.amplification is not None:
+            return (f"its output differs by {self.output_error:.3g} where its inputs differ by "
+                    f"{self.input_error or 0.0:.3g}: beyond what its normalization can amplify its inputs' "
+                    f"difference (or their rounding) to (x{self.amplification:.3g}, from its input's statistics)")
         if self.status == "introduces":
             return (f"its output differs by {self.output_error:.3g} where its inputs differ by "
                     f"{self.input_error or 0.0:.3g} (more than the threshold {self.threshold:.3g})")
@@ -237,6 +262,7 @@ class Diagnosis:
     draws: Draws | None = None        # random calls, and whether the two runs drew alike
     device: list = field(default_factory=list)   # DevicePrecision: what the NPU side's APIs add
     paths_differ: str | None = None  # statistics: the first call whose output shape differs per side
+    coverage: Coverage | None = None   # what could be judged, and why not where it could not
 
 
 @dataclass
@@ -469,7 +495,47 @@ def _units(result, errors, facts: _RowFacts):
         _cancellation_floors(result, facts, len(calls), errors)
     _errors_of_calls(result, calls, facts, errors)
     _saved_inputs(calls)
+    _one_sided_nonfinite(result, calls, facts)
     return calls
+
+
+def _one_sided_nonfinite(result, calls, facts: _RowFacts):
+    """Calls whose output has NaN/Inf on one side only (``nonfinite_out``), and of them those
+    whose inputs are finite on both sides (``nonfinite``): a backward call's also its forward
+    call's inputs and outputs (what it saved). Such a call made the non-finite values: no
+    input difference, draw or routing before it explains a NaN from finite numbers, so it is
+    named in any mode. A tensor is finite on a side when its Max/Min are numbers and no
+    statistic is infinite (a NaN tensor's statistics are all NaN); a row without statistics
+    on a side proves nothing."""
+    a, b = facts.npu_stats, facts.bench_stats
+    with np.errstate(invalid="ignore"):
+        bad_a = np.isinf(a).any(axis=1) | np.isnan(a[:, :2]).any(axis=1)
+        bad_b = np.isinf(b).any(axis=1) | np.isnan(b[:, :2]).any(axis=1)
+    known = facts.paired & facts.npu_tensor & facts.bench_tensor & (facts.bench_numel > 0)
+    one_sided = known & (bad_a != bad_b) & (facts.part == _OUT)
+    if not one_sided.any():
+        return
+    # tensors a call takes (and, for its backward, gives) not shown finite on both sides
+    unproven = facts.npu_tensor & ~(known & ~bad_a & ~bad_b)
+    takes = (facts.npu_io >= _IO_CODE["input"]) & (facts.npu_io <= _IO_CODE["parameters"])
+    n = len(calls)
+    bad_in = np.bincount(facts.unit[unproven & takes], minlength=n) > 0
+    bad_io = np.bincount(facts.unit[unproven & (facts.npu_io >= _IO_CODE["input"])
+                                    & (facts.npu_io <= _IO_CODE["output"])], minlength=n) > 0
+    forward = {u.npu_entry: u.index for u in calls if u.direction == "forward" and u.npu_entry}
+    pairs = result.pairs
+    verdicts = result.columns["Result"]
+    for i in np.flatnonzero(one_sided).tolist():
+        u = calls[facts.unit[i]]
+        if u.nonfinite_out or verdicts[i] != "error" or pairs[i].npu.store is None or pairs[i].bench.store is None:
+            continue            # its first such row names it; a row the compare did not find
+                                # NaN/Inf differing in (statistics a merge could not give): nothing known
+        u.nonfinite_out, u.nonfinite_side = pairs[i].npu.name, "NPU" if bad_a[i] else "bench"
+        made = not bad_in[u.index]
+        if made and u.direction == "backward":
+            f = forward.get(u.npu_entry[: -len("backward")] + "forward") if u.npu_entry else None
+            made = f is not None and not bad_io[f]
+        u.nonfinite = made
 
 
 def _errors_of_calls(result, calls, facts: _RowFacts, errors):
@@ -551,7 +617,15 @@ def _mark(calls):
             u.exact_api, u.api_key, u.normalizes = kind
 
 
-def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | None = None):
+def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | None = None,
+           bound: tuple | None = None):
+    """``bound``: statistics mode, a normalizer's (amplification, its input's rounding)."""
+    if u.nonfinite and u.status not in ("unmatched", "not compared"):
+        u.status = "introduces"         # NaN/Inf from finite inputs: whatever came before
+        return
+    if u.nonfinite_out and u.status not in ("unmatched", "not compared") and u.output_error == math.inf:
+        u.status = "inherits"           # NaN/Inf out of inputs not finite on both sides: they came in
+        return
     if extremes is False and u.status not in ("unmatched", "not compared"):
         u.status, u.extremes_off = "introduces", True
         return
@@ -574,6 +648,14 @@ def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | 
     elif statistics and u.exact_api:
         u.status = "can't tell"         # a selection adds no error; its statistics moved anyway
     elif (u.output_error or 0.0) > jump * (u.input_error or 0.0):    # beyond: it is a number
+        if statistics and bound is not None:
+            # a normalizer amplifies its input's difference, or the rounding of its input,
+            # by at most what its input's statistics bound: a jump beyond that it made
+            amplification, rounding = bound
+            u.amplification = amplification
+            explained = jump * amplification * max(u.input_error or 0.0, rounding)
+            u.status = "introduces" if u.output_error > explained else "can't tell"
+            return
         # From four statistics a call whose inputs already differ may have amplified that
         # (sqrt near 0, a division by a small spread) as well as made error of its own;
         # one whose extremes are its function of its inputs' did compute that function.
@@ -591,6 +673,65 @@ NORMALIZING = frozenset({"layer_norm", "rms_norm", "group_norm", "batch_norm", "
                          "softmax", "log_softmax", "_softmax", "_log_softmax", "npu_rms_norm",
                          "addcdiv", "addcdiv_", "_foreach_addcdiv", "_foreach_addcdiv_", "_fused_adam_",
                          "_fused_adamw_"})
+# Normalizers whose amplification of input error their input's statistics bound (statistics
+# mode), by what they divide by: the input's spread (mean subtracted), its RMS, or, for the
+# softmax family, nothing: exp turns an absolute input difference d into a relative one, so
+# a difference relative to the input's magnitude M comes out at most 2 M times larger.
+_BOUNDED = {"layer_norm": "spread", "group_norm": "spread", "batch_norm": "spread", "instance_norm": "spread",
+            "rms_norm": "rms", "npu_rms_norm": "rms", "normalize": "rms",
+            "softmax": "softmax", "_softmax": "softmax", "log_softmax": "log_softmax",
+            "_log_softmax": "log_softmax"}
+# Per tolerance class, the spacing of the dtype at 1.0: inputs that agree to this (relative to
+# their magnitude) differ by rounding alone, which a normalizer amplifies like any difference
+_SPACING = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10, "float32": 2.0 ** -23, "float64": 2.0 ** -52}
+
+
+def _amplification(result, u) -> tuple | None:
+    """Statistics mode, a forward normalizer: (how much it can amplify its input's relative
+    difference, its input's rounding), from the bench side's statistics of the tensor it
+    normalizes (its first input) and, for log_softmax, of its output; None otherwise.
+
+    layer/group/batch/instance norm divide by the spread: a difference relative to the
+    input's magnitude comes out up to magnitude / std times larger (the spread taken over the
+    whole tensor: per row or channel it can be smaller, which the jump factor covers)."""
+    api = u.api
+    if api is None or api.direction != "forward" or api.leaf not in _BOUNDED:
+        return None
+    kind = _BOUNDED[api.leaf]
+    pairs = result.pairs
+    rows = [i for i in u.rows if pairs[i].npu is not None and pairs[i].bench is not None
+            and pairs[i].bench.kind == "tensor" and pairs[i].bench.numel]
+    first = next((i for i in rows if pairs[i].bench.io == "input"), None)
+    if first is None:
+        return None
+    mx, mn, mean, norm = pairs[first].bench.stats[:4]
+    if not all(map(math.isfinite, (mx, mn, mean, norm))):
+        return None
+    rms = abs(norm) / math.sqrt(pairs[first].bench.numel)
+    peak = max(abs(mx), abs(mn))
+    scale = max(peak, rms)
+    if kind == "spread":
+        std = math.sqrt(max(rms * rms - mean * mean, 0.0))
+        amplification = scale / std if std > 0 else math.inf
+    elif kind == "rms":
+        amplification = scale / rms if rms > 0 else math.inf
+    else:
+        amplification = max(2.0 * peak, 1.0)
+        if kind == "log_softmax":
+            out = next((i for i in rows if pairs[i].bench.io == "output"), None)
+            if out is None:
+                return None
+            omx, omn, _, onorm = pairs[out].bench.stats[:4]
+            oscale = max(abs(omx), abs(omn), abs(onorm) / math.sqrt(pairs[out].bench.numel))
+            if not math.isfinite(oscale) or oscale <= 0:
+                return None
+            amplification = max(2.0 * peak / oscale, 1.0)
+    if not math.isfinite(amplification):
+        return None
+    tol_dtype = result.columns["Tolerance Dtype"][first]
+    return amplification, _SPACING.get(tol_dtype, _SPACING["float32"])
+
+
 # Elementwise APIs that keep or reverse order: the NPU side's output extremes must be the
 # function of its own input extremes (statistics mode's re-run). +1 increasing, -1 decreasing.
 MONOTONE = {"sqrt": ("sqrt", 1), "sqrt_": ("sqrt", 1), "rsqrt": ("rsqrt", -1), "rsqrt_": ("rsqrt", -1),
@@ -881,7 +1022,7 @@ def _after_differing_paths(result, calls, drawn) -> str | None:
     first = min(firsts)
     for u in calls:   # NaN/Inf on one side only (an infinite error) convicts whatever came before
         if u.index > first and u.status == "introduces" and u.draw is None and not u.extremes_off \
-                and u.output_error is not None and math.isfinite(u.output_error):
+                and not u.nonfinite and u.output_error is not None and math.isfinite(u.output_error):
             u.status = "can't tell"
     return shaped.npu_entry if shaped is not None and shaped.index == first else None
 
@@ -975,7 +1116,9 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
     for u in calls:
         stats_only = statistics and u.local is None
         jump = STATS_JUMP if stats_only and (low or u.input_error) else JUMP
-        _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None)
+        bound = _amplification(result, u) if stats_only and u.normalizes and u.draw is None \
+            and u.output_error is not None and u.output_error > u.threshold else None
+        _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None, bound)
     if statistics:
         device += _stats_device_precision(eligible)
         paths_differ = _after_differing_paths(result, calls, drawn)
@@ -991,10 +1134,13 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
     suspects = firsts + [u for u in intro if u not in firsts]
     measure = ("relative L2 error ||npu-bench||/||bench||" if result.mode == "tensor"
                else "worst statistic difference relative to the tensor's magnitude")
+    primary = fwd or bwd
+    covered = coverage(result, eligible, primary.call if primary is not None else None,
+                       [u for u in eligible if u.nonfinite_out])
     return Diagnosis(calls, fwd, bwd, suspects[:N_SUSPECTS], measure,
                      inputs_differ=fwd_differ or bwd_differ, state=_state(result, calls, errors, facts),
                      drift=_drift(eligible), replayed=replayed, low_precision=low, draws=drawn, device=device,
-                     paths_differ=paths_differ)
+                     paths_differ=paths_differ, coverage=covered)
 
 
 def noise_floor(bench_json: str, bench2_json: str, **kw) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import re
 
+from probe.untrusted import open_file
+
 _RANK = re.compile(r"^(rank|proc)(\d*)$")
 _STEP = re.compile(r"^step(\d+)$")
 
@@ -20,6 +22,8 @@ def find_dumps(path: str) -> dict:
     """{(step, rank): dump.json path} below ``path`` (a file, rank dir, step dir or root)."""
     if os.path.isfile(path):
         return {("", ""): path}
+    if os.path.lexists(path) and not os.path.isdir(path):
+        open_file(path).close()           # a FIFO, a device: DumpError, one line saying which
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no such dump: {path}")
     if os.path.isfile(os.path.join(path, "dump.json")):

@@ -28,7 +28,9 @@ from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_met
 from .reader import DumpMeta, gc_paused, read_dump
 from .rows import Row, direction, field_of, flatten, numels, stats_of
 from .tensors import load, resolve
+from probe.errors import DumpError
 from probe.tolerances import tolerance_for
+from probe.untrusted import read_json
 from probe.vocabulary import ERR_TOLERANCE, PASS, PERCENT_COLUMNS, STATISTICS, TENSOR_METRICS, columns_for  # noqa: F401  (report reads PERCENT_COLUMNS here)
 
 
@@ -78,8 +80,13 @@ def _read_side(path: str) -> Side:
     meta = DumpMeta(path)
     rows: list[Row] = []
     store = array("d")                 # the side's statistics (Row.stats)
-    for name, entry in read_dump(path, meta, typed=True):
-        rows.extend(flatten(name, entry, store))
+    try:
+        for name, entry in read_dump(path, meta, typed=True):
+            rows.extend(flatten(name, entry, store))
+    except DumpError as exc:
+        if str(exc).startswith("entry "):       # (flatten's: the entry and the field, not the file)
+            raise DumpError(f"{path}: {exc}") from None
+        raise
     # only tensor rows hold a data_name or an md5 (in C: two passes over 300k rows, not three in Python)
     if any(map(_DATA_NAME, rows)):
         mode = "tensor"
@@ -126,13 +133,19 @@ def _metrics_batch(jobs):
         except FileNotFoundError:
             out.append((idx, "NPU tensor file missing: " + os.path.basename(npu_path)))
             continue
-        except Exception as exc:   # a damaged file marks its row, not the whole compare
+        except DumpError as exc:   # refused (a FIFO, a pickle, strings): marks its row, not the whole compare
+            out.append((idx, f"NPU tensor file unreadable: {exc}"))
+            continue
+        except Exception as exc:
             out.append((idx, f"NPU tensor file unreadable ({type(exc).__name__}: {exc})"))
             continue
         try:
             b = load(bench_path)
         except FileNotFoundError:
             out.append((idx, "bench tensor file missing: " + os.path.basename(bench_path)))
+            continue
+        except DumpError as exc:
+            out.append((idx, f"bench tensor file unreadable: {exc}"))
             continue
         except Exception as exc:
             out.append((idx, f"bench tensor file unreadable ({type(exc).__name__}: {exc})"))
@@ -596,24 +609,39 @@ def _tensor_row(cols, i, m: TensorMetrics, v: vd.Verdict, tol_name, exact: bool)
 
 
 def load_stacks(path: str) -> dict:
-    """entry name -> stack text; reads msprobe's grouped and older per-name layouts."""
-    import json
+    """entry name -> stack text; reads msprobe's grouped and older per-name layouts.
+    {} without the file; DumpError (one line: the file, the key, what is wrong) for one
+    that is not such a mapping."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
+        data = read_json(path, "stack.json")
+    except FileNotFoundError:
         return {}
-    out: dict = {}
     if not isinstance(data, dict):
-        return out
+        raise DumpError(f"{path}: stack.json must be an object (stack id or entry name -> frames), "
+                        f"got {type(data).__name__}")
+    out: dict = {}
     for key, value in data.items():
         if (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)
                 and isinstance(value[1], list)):
-            text = "\n".join(map(str, value[1]))
+            text = _frames(path, key, value[1])
             for name in value[0]:
+                if not isinstance(name, str):
+                    raise DumpError(f"{path}: stack.json key {key!r}: entry names must be strings, "
+                                    f"got {type(name).__name__}")
                 out[name] = text
         elif isinstance(value, list):
-            out[key] = "\n".join(map(str, value))
+            out[key] = _frames(path, key, value)
         elif isinstance(value, str):
             out[key] = value
+        else:
+            raise DumpError(f"{path}: stack.json key {key!r}: expected [[entry names], [frames]], "
+                            f"a list of frames or a text, got {type(value).__name__}")
     return out
+
+
+def _frames(path: str, key: str, frames: list) -> str:
+    """A stack's frames (texts) as one text; DumpError for a frame that is not text."""
+    for frame in frames:
+        if type(frame) is not str:
+            raise DumpError(f"{path}: stack.json key {key!r}: a frame must be a text, got {type(frame).__name__}")
+    return "\n".join(frames)

@@ -10,14 +10,18 @@ from probe import console_log, process_end
 from .options import DEFAULT, CompareOptions, resolve_options
 from .pair_job import compare_pair
 from probe.errors import ConfigError
+from probe.untrusted import inside
 
 log = logging.getLogger(__name__)
 _DEFAULTS = DEFAULT.keywords()
 
 
-def _param(d: dict, *keys):
+def param_path(d: dict, *keys):
+    """The first of ``keys`` that ``d`` gives: a path, so a string (ConfigError for anything else)."""
     for k in keys:
         if d.get(k):
+            if not isinstance(d[k], str):
+                raise ConfigError(f"{k} must be a path (a string), got {type(d[k]).__name__}")
             return d[k]
     return None
 
@@ -48,18 +52,19 @@ def compare(dump_result_param: dict, output_path: str, stack_mode: bool = False,
     options = resolve_options("compare", options, {**given, **keywords}, ("options", "tag", "workers", "progress"))
     if not isinstance(dump_result_param, dict):
         raise ConfigError("dump_result_param must be a dict with npu_json_path and bench_json_path")
-    npu = _param(dump_result_param, "npu_json_path", "npu_path")
-    bench = _param(dump_result_param, "bench_json_path", "bench_path")
-    stack = _param(dump_result_param, "stack_json_path", "stack_path")
+    npu = param_path(dump_result_param, "npu_json_path", "npu_path")
+    bench = param_path(dump_result_param, "bench_json_path", "bench_path")
+    stack = param_path(dump_result_param, "stack_json_path", "stack_path")
     if not npu or not bench:
         raise ConfigError("dump_result_param needs npu_json_path and bench_json_path")
     for p in (npu, bench):
         if not os.path.isfile(p):
             raise FileNotFoundError(f"dump.json not found: {p}")
-    if stack is None:
+    if stack is None:       # the NPU dump's own: read only inside its folder (a symlink out: refused)
         guess = os.path.join(os.path.dirname(npu), "stack.json")
-        stack = guess if os.path.isfile(guess) else None
-    bench2 = _param(dump_result_param, "bench2_json_path", "bench2_path")
+        stack = inside(os.path.dirname(os.path.abspath(npu)), "stack.json", "stack.json") \
+            if os.path.lexists(guess) else None
+    bench2 = param_path(dump_result_param, "bench2_json_path", "bench2_path")
     if bench2 and not os.path.isfile(bench2):
         raise FileNotFoundError(f"dump.json not found: {bench2}")
     verbose = dump_result_param.get("is_print_compare_log", True)

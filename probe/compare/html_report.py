@@ -12,18 +12,20 @@ about 20 MB and the table only ever puts the visible rows into the DOM.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 from importlib import resources
 from itertools import chain
+from urllib.parse import quote
 
 import numpy as np
 import orjson
 
 from .codes import codes
 from .summary_json import StackLookup
+from probe import lone_surrogates
 from probe.errors import ConfigError
+from probe.written_whole import replaced_when_written
 from probe.vocabulary import PAGE_METRICS, PAGE_STATUSES, RUN_VERDICTS
 
 STATUS = list(PAGE_STATUSES)
@@ -178,8 +180,39 @@ def _dtype_label(dtype) -> str | None:
 
 
 def page_data(result, diag, digest, files: dict | None = None) -> bytes:
-    """The page's data as UTF-8 JSON (safe inside a <script> block). ``files``: the names
-    of the pair's other outputs in the page's folder ({"xlsx": ..., "json": ...})."""
+    """The page's data as UTF-8 JSON (safe inside a <script> block: ``script_json``).
+    ``files``: the names of the pair's other outputs in the page's folder ({"xlsx": ...,
+    "json": ...})."""
+    return script_json(_data(result, diag, digest, files))[0]
+
+
+# Characters that JSON may hold as they are but a <script> block may not: "</script>",
+# "<!--" and "-->" end or change the block, "&" could start an entity in an older
+# parser's eyes, U+2028/2029 end a line in older JavaScript. Outside strings JSON has none
+# of them, so each is replaced by its \u escape wherever it is.
+_SCRIPT_UNSAFE = [(b"<", b"\\u003c"), (b">", b"\\u003e"), (b"&", b"\\u0026"),
+                  ("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029")]
+
+
+def script_json(data, option: int = 0) -> tuple:
+    """(``data`` as UTF-8 JSON that is only data inside a <script> block, whether texts
+    had lone surrogates replaced to encode them). ``option``: orjson's options."""
+    replaced = False
+    try:
+        raw = orjson.dumps(data, default=_plain, option=option)
+    except orjson.JSONEncodeError as exc:
+        if "surrogates" not in str(exc):
+            raise
+        raw, replaced = orjson.dumps(lone_surrogates.replace_in(data), default=_plain, option=option), True
+    wide = b"\xe2" in raw               # the lead byte of U+2028/2029: their (slower) search only then
+    for unsafe, escaped in _SCRIPT_UNSAFE:
+        if (len(unsafe) == 1 or wide) and unsafe in raw:
+            raw = raw.replace(unsafe, escaped)
+    return raw, replaced
+
+
+def _data(result, diag, digest, files: dict | None) -> dict:
+    """The page's data, before it is JSON (``page_data``)."""
     cols = result.columns
     calls = diag.calls if diag is not None else []
     n = result.n_rows
@@ -221,6 +254,7 @@ def page_data(result, diag, digest, files: dict | None = None) -> bytes:
                        "calls": digest["calls"] if digest else None},
             "diagnosed": diag is not None,
             "verdict": _verdict(result, digest, calls),
+            "not_judged": ((digest or {}).get("judged") or {}).get("not_compared") or [],
             "status": STATUS, "results": results, "dirs": dirs, "suffix": suffix,
             "dtypes": dtypes, "shapes": shapes, "metrics": metrics,
             "groups": gpaths, "group_kind": gkind, "files": files or {}},
@@ -239,8 +273,8 @@ def page_data(result, diag, digest, files: dict | None = None) -> bytes:
             "m": [[None if v is None else str(v) for v in cols[m]] if result.mode == "md5"
                   else _b64(cols[m], "f8" if m == "Cosine" else "f4") for m in metrics]},   # f4 rounds 1 - 3e-8 to 1
     }
-    # orjson: the 100k-call page's 20 MB without the str copies json.dumps and a str page made
-    return orjson.dumps(data, default=_plain).replace(b"</", b"<\\/")
+    # orjson (script_json): the 100k-call page's 20 MB without the str copies json.dumps made
+    return data
 
 
 def _plain(value):
@@ -257,12 +291,22 @@ def _asset(name: str) -> str:
 def _frame(template: str, title: str) -> tuple:
     """The page's text before and after its data."""
     head, _, rest = template.partition("__DATA__")
+    title = lone_surrogates.replace(title)         # a path's undecodable bytes
     return head.replace("__TITLE__", title.replace("&", "&amp;").replace("<", "&lt;")), rest
 
 
-def _fill(template: str, title: str, data: str) -> str:
+def _write(path: str, template: str, title: str, data, option: int = 0) -> bool:
+    """Write a page: ``template`` with its title and ``data`` (as ``script_json``), whole
+    or not at all; whether texts had lone surrogates replaced."""
     head, rest = _frame(template, title)
-    return head + data + rest
+    raw, replaced = script_json(data, option)
+    with replaced_when_written(path) as tmp:
+        with open(tmp, "wb") as fh:
+            for part in (head.encode("utf-8"), raw, rest.encode("utf-8")):
+                fh.write(part)
+    if replaced:
+        lone_surrogates.say_replaced(os.path.dirname(os.path.abspath(path)))
+    return replaced
 
 
 def write_page(result, diag, digest, path: str, files: dict | None = None) -> str:
@@ -270,13 +314,7 @@ def write_page(result, diag, digest, path: str, files: dict | None = None) -> st
     pair's other outputs ({"xlsx": path, "json": path}), named on the page's first line."""
     title = "probe compare: " + os.path.basename(result.npu.json_path if result.npu else "")
     names = {k: os.path.basename(v) for k, v in (files or {}).items() if v}
-    head, rest = _frame(_asset("compare_page.html"), title)
-    data = page_data(result, diag, digest, names)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as fh:
-        for part in (head.encode("utf-8"), data, rest.encode("utf-8")):
-            fh.write(part)
-    os.replace(tmp, path)
+    _write(path, _asset("compare_page.html"), title, _data(result, diag, digest, names))
     return path
 
 
@@ -290,8 +328,8 @@ def write_run_page(run_summary: dict, out_path: str) -> str:
         raise ConfigError(f"write_run_page: run_summary must be a dict with schema {RUN_SCHEMA!r}")
     base = os.path.dirname(os.path.abspath(out_path))
 
-    def rel(p):
-        return os.path.relpath(os.path.abspath(p), base).replace(os.sep, "/") if p else None
+    def rel(p):       # a URL path: quoted, so that no folder name reads as a scheme (javascript:)
+        return quote(os.path.relpath(os.path.abspath(p), base).replace(os.sep, "/")) if p else None
 
     grid = []
     for cell in run_summary.get("grid", []):
@@ -303,9 +341,29 @@ def write_run_page(run_summary: dict, out_path: str) -> str:
     if fd:
         fd = dict(fd, html=rel(fd.get("html")), report=rel(fd.get("report")))
     data = dict(run_summary, grid=grid, first_divergence=fd)
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
-    page = _fill(_asset("run_page.html"), "probe run: " + str(run_summary.get("npu_root", "")), text)
     os.makedirs(base, exist_ok=True)
-    with open(out_path, "w", encoding="utf-8") as fh:
-        fh.write(page)
+    _write(out_path, _asset("run_page.html"), "probe run: " + str(run_summary.get("npu_root", "")), data,
+           orjson.OPT_NON_STR_KEYS)
+    return out_path
+
+
+def write_requests_page(run_summary: dict, out_path: str) -> str:
+    """Write the page of an inference run compared by request (``requests.py``): the first
+    divergence, and requests x generated tokens, the first differing token of each request
+    marked, each request linking to its compare page (the call table)."""
+    if not isinstance(run_summary, dict) or not isinstance(run_summary.get("requests"), list):
+        raise ConfigError("write_requests_page: run_summary must be a dict with a list of requests")
+    base = os.path.dirname(os.path.abspath(out_path))
+
+    def rel(p):       # a URL path: quoted, so that no folder name reads as a scheme (javascript:)
+        return quote(os.path.relpath(os.path.abspath(p), base).replace(os.sep, "/")) if p else None
+
+    requests = [dict(e, html=rel(e.get("html")), report=rel(e.get("report"))) for e in run_summary["requests"]]
+    fd = run_summary.get("first_divergence")
+    if fd:
+        fd = dict(fd, html=rel(fd.get("html")), report=rel(fd.get("report")))
+    data = dict(run_summary, requests=requests, first_divergence=fd)
+    os.makedirs(base, exist_ok=True)
+    _write(out_path, _asset("requests_page.html"), "probe inference run: " + str(run_summary.get("npu_root", "")),
+           data, orjson.OPT_NON_STR_KEYS)
     return out_path

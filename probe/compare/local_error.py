@@ -88,44 +88,89 @@ class LocalError:
                 f"the difference comes from its inputs")
 
 
+# Elements per chunk of the float64 sums: a few 8 MB buffers, where whole-tensor float64
+# copies made a 1 GiB float32 output peak at 14.4 GB (issue #45).
+MEASURE_CHUNK = 1 << 20
+
+
+@dataclass
+class _Sums:
+    """The float64 sums ``_measure`` needs, added chunk by chunk."""
+    gg: float = 0.0       # sum g^2
+    dd: float = 0.0       # sum (npu - g)^2
+    dg: float = 0.0       # sum (npu - g) g
+    rr: float = 0.0       # sum (replay - g)^2
+    rg: float = 0.0       # sum (replay - g) g
+    g4: float = 0.0       # sum g^4
+    n: int = 0            # elements summed (the finite ones)
+    replay_finite: bool = True
+
+
 def _measure(npu, golden, replay):
-    """(local, reference, bias, bias spread) of one output; None where nothing to measure."""
-    import numpy as np
+    """(local, reference, bias, bias spread) of one output; None where nothing to measure.
+
+    Streamed: each chunk of the three tensors is widened to float64 on its own, so the
+    measure adds a few chunk-sized buffers to the tensors already in memory. Each sum is
+    numpy's pairwise sum within a chunk, the chunks' sums added in order: the same as one
+    sum over the whole tensor up to the last bits (about 1e-16 relative per chunk); the
+    counts and the NaN/Inf checks are exact."""
     import torch
     if not (isinstance(npu, torch.Tensor) and isinstance(golden, torch.Tensor)):
         return None
     if not npu.dtype.is_floating_point or npu.shape != golden.shape or npu.numel() == 0:
         return None
-    # numpy without BLAS (np.dot threads and spins on a busy machine): a few float64 sums
-    a = npu.detach().to(torch.float64).reshape(-1).numpy()
-    g = golden.detach().to(torch.float64).reshape(-1).numpy()
-    r = None
+    flat = [npu.detach().reshape(-1), golden.detach().reshape(-1)]
     if isinstance(replay, torch.Tensor) and replay.shape == golden.shape:
-        r = replay.detach().to(torch.float64).reshape(-1).numpy()
-    fa, fg = np.isfinite(a), np.isfinite(g)
-    if not (fa.all() and fg.all()):
-        if not np.array_equal(fa, fg):
+        flat.append(replay.detach().reshape(-1))
+    s = _Sums()
+    for lo in range(0, flat[0].numel(), MEASURE_CHUNK):
+        if not _add_chunk(s, [t[lo:lo + MEASURE_CHUNK] for t in flat]):
             return math.inf, 0.0, 0.0, 0.0          # NaN/Inf where the golden has none
-        a, g = a[fa], g[fa]
-        r = r[fa] if r is not None else None
-    gg = float(np.sum(g * g))
-    if gg == 0.0:
+    if s.gg == 0.0:
         return None
-    norm = math.sqrt(gg)
-    d = a - g
-    local = math.sqrt(float(np.sum(d * d))) / norm
-    bias = float(np.sum(d * g)) / gg
+    norm = math.sqrt(s.gg)
+    local = math.sqrt(s.dd) / norm
+    bias = s.dg / s.gg
     reference, ref_bias = 0.0, 0.0
-    if r is not None and np.isfinite(r).all():
-        dr = r - g
-        reference, ref_bias = math.sqrt(float(np.sum(dr * dr))) / norm, float(np.sum(dr * g)) / gg
+    if len(flat) == 3 and s.replay_finite:
+        reference, ref_bias = math.sqrt(s.rr) / norm, s.rg / s.gg
     # The scale's standard error under rounding noise: the noise spread over the golden's
     # elements in proportion to their size, over their effective number (sum g^2)^2 / sum g^4
     # (a cross-entropy gradient is a few -1/N entries among many tiny ones: not g.size).
-    g2 = g * g
-    n_eff = gg * gg / max(float(np.sum(g2 * g2)), 1e-300)
-    spread = max(reference, local - abs(bias)) / math.sqrt(max(min(n_eff, g.size), 1.0))
+    n_eff = s.gg * s.gg / max(s.g4, 1e-300)
+    spread = max(reference, local - abs(bias)) / math.sqrt(max(min(n_eff, s.n), 1.0))
     return local, reference, bias - ref_bias, spread
+
+
+def _add_chunk(s: _Sums, chunk) -> bool:
+    """Add one chunk (npu, golden[, replay] slices) to ``s``; False where the NPU side is
+    NaN/Inf at other places than the golden (no measure then)."""
+    import numpy as np
+    import torch
+    # numpy without BLAS (np.dot threads and spins on a busy machine): a few float64 sums
+    a, g = (t.to(torch.float64).numpy() for t in chunk[:2])
+    r = chunk[2].to(torch.float64).numpy() if len(chunk) == 3 else None
+    fa, fg = np.isfinite(a), np.isfinite(g)
+    if not (fa.all() and fg.all()):
+        if not np.array_equal(fa, fg):
+            return False
+        a, g = a[fa], g[fa]
+        r = r[fa] if r is not None else None
+    g2 = g * g
+    s.gg += float(np.sum(g2))
+    s.g4 += float(np.sum(g2 * g2))
+    s.n += g.size
+    d = a - g
+    s.dd += float(np.sum(d * d))
+    s.dg += float(np.sum(d * g))
+    if r is not None and s.replay_finite:
+        if not np.isfinite(r).all():
+            s.replay_finite = False
+        else:
+            dr = r - g
+            s.rr += float(np.sum(dr * dr))
+            s.rg += float(np.sum(dr * g))
+    return True
 
 
 # APIs that sum products of their inputs (linear in each): their golden on the inputs'

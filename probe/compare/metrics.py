@@ -80,29 +80,24 @@ def tensor_metrics(a: np.ndarray, b: np.ndarray, rtol: float, floor: float,
         m.notes.append("empty tensor: nothing to compare")
         return m
     a, b = np.ravel(a), np.ravel(b)
-    if (a.dtype.kind == "f" or b.dtype.kind == "f") and not (_all_finite(a) and _all_finite(b)):
-        a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        finite = np.isfinite(a64) & np.isfinite(b64)
-        nonfinite = ~finite
-        same = nonfinite & ((a64 == b64) | (np.isnan(a64) & np.isnan(b64)))
-        m.nonfinite_same = int(same.sum())
-        m.nonfinite_mismatch = int(nonfinite.sum()) - m.nonfinite_same
-        a, b = a[finite], b[finite]
-        if a.size == 0:
+    size = a.size
+    finite_only = (a.dtype.kind == "f" or b.dtype.kind == "f") and not (_all_finite(a) and _all_finite(b))
+    if finite_only:
+        # NaN/Inf counted a chunk at a time; the passes below take the finite elements only,
+        # gathered into the same chunks a compacted copy would give (the same sums, bit
+        # for bit, without two tensor-sized float64 copies and their masks)
+        m.nonfinite_same, m.nonfinite_mismatch, size = _count_nonfinite(a, b)
+        if size == 0:
             m.notes.append("no finite elements")
             return m
-    size = a.size
     step = min(_CHUNK, size)
     x, y, ad, rel = (np.empty(step) for _ in range(4))
     flags = np.empty(step, dtype=bool)
     max_abs, ss_d, na, nb, ab = 0.0, 0.0, 0.0, 0.0, 0.0
     max_rel, n1, n5, differ = 0.0, 0, 0, 0
     with np.errstate(divide="ignore", invalid="ignore"):
-        for lo in range(0, size, step):             # pass 1: sums, maxima, relative error
-            k = min(step, size - lo)
+        for k in _chunks(a, b, x, y, finite_only):   # pass 1: sums, maxima, relative error
             xs, ys, ds, rs, fs = x[:k], y[:k], ad[:k], rel[:k], flags[:k]
-            xs[...] = a[lo:lo + k]
-            ys[...] = b[lo:lo + k]
             np.subtract(xs, ys, out=ds)
             np.abs(ds, out=ds)
             max_abs = max(max_abs, float(ds.max()))
@@ -141,11 +136,8 @@ def tensor_metrics(a: np.ndarray, b: np.ndarray, rtol: float, floor: float,
     scale = max(math.sqrt(nb / size), floor)
     worst, beyond, gross = 0.0, 0, 0
     with np.errstate(divide="ignore", invalid="ignore"):
-        for lo in range(0, size, step):             # pass 2: against the tolerance
-            k = min(step, size - lo)
+        for k in _chunks(a, b, x, y, finite_only):   # pass 2: against the tolerance
             xs, ys, ds, fs = x[:k], y[:k], ad[:k], flags[:k]
-            xs[...] = a[lo:lo + k]
-            ys[...] = b[lo:lo + k]
             np.subtract(xs, ys, out=ds)
             np.abs(ds, out=ds)
             np.abs(ys, out=ys)
@@ -159,6 +151,50 @@ def tensor_metrics(a: np.ndarray, b: np.ndarray, rtol: float, floor: float,
     m.beyond = float(beyond / size)
     m.gross = float(gross / size)
     return m
+
+
+def _count_nonfinite(a: np.ndarray, b: np.ndarray):
+    """(NaN/Inf at the same places with the same value on both sides, NaN/Inf elsewhere,
+    elements finite on both sides), a chunk at a time."""
+    same = nonfinite = 0
+    for lo in range(0, a.size, _CHUNK):
+        a64 = a[lo:lo + _CHUNK].astype(np.float64)
+        b64 = b[lo:lo + _CHUNK].astype(np.float64)
+        bad = ~(np.isfinite(a64) & np.isfinite(b64))
+        nonfinite += int(np.count_nonzero(bad))
+        same += int(np.count_nonzero(bad & ((a64 == b64) | (np.isnan(a64) & np.isnan(b64)))))
+    return same, nonfinite - same, a.size - nonfinite
+
+
+def _chunks(a: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray, finite_only: bool):
+    """Fill ``x``, ``y`` (float64 buffers of one chunk) with the next elements of ``a``,
+    ``b`` and yield how many: all elements, or, with ``finite_only``, those finite on both
+    sides, packed into full chunks as a compacted copy of them would be cut."""
+    step = x.size
+    if not finite_only:
+        for lo in range(0, a.size, step):
+            k = min(step, a.size - lo)
+            x[:k] = a[lo:lo + k]
+            y[:k] = b[lo:lo + k]
+            yield k
+        return
+    fill = 0
+    for lo in range(0, a.size, step):
+        a64 = a[lo:lo + step].astype(np.float64)
+        b64 = b[lo:lo + step].astype(np.float64)
+        keep = np.isfinite(a64) & np.isfinite(b64)
+        a64, b64 = a64[keep], b64[keep]
+        while a64.size:
+            k = min(step - fill, a64.size)
+            x[fill:fill + k] = a64[:k]
+            y[fill:fill + k] = b64[:k]
+            fill += k
+            a64, b64 = a64[k:], b64[k:]
+            if fill == step:
+                yield step
+                fill = 0
+    if fill:
+        yield fill
 
 
 def _all_finite(a: np.ndarray) -> bool:

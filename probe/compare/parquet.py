@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from probe import lone_surrogates
+
 DATASET = "diagnosis.parquet"
 COLUMNS = ["index", "direction", "npu_entry", "bench_entry", "match", "module", "status",
            "input_error", "output_error", "tolerance", "epoch"]
@@ -41,14 +43,21 @@ def write_calls(dataset_dir: str, step: int, rank: int, calls, epochs: list | No
 
     def num(x):
         return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+    def text(values):          # a lone surrogate (not Unicode) as U+FFFD, said once
+        try:
+            return pa.array(values, pa.string())
+        except UnicodeEncodeError:
+            lone_surrogates.say_replaced(os.path.dirname(os.path.abspath(dataset_dir)))
+            return pa.array([lone_surrogates.replace(v) if type(v) is str else v for v in values], pa.string())
     table = pa.table({
         "index": pa.array([u.index for u in calls], pa.int64()),
-        "direction": pa.array([u.direction for u in calls], pa.string()),
-        "npu_entry": pa.array([u.npu_entry for u in calls], pa.string()),
-        "bench_entry": pa.array([u.bench_entry for u in calls], pa.string()),
-        "match": pa.array([u.match for u in calls], pa.string()),
-        "module": pa.array([u.module for u in calls], pa.string()),
-        "status": pa.array([u.status for u in calls], pa.string()),
+        "direction": text([u.direction for u in calls]),
+        "npu_entry": text([u.npu_entry for u in calls]),
+        "bench_entry": text([u.bench_entry for u in calls]),
+        "match": text([u.match for u in calls]),
+        "module": text([u.module for u in calls]),
+        "status": text([u.status for u in calls]),
         "input_error": pa.array([num(u.input_error) for u in calls], pa.float64()),
         "output_error": pa.array([num(u.output_error) for u in calls], pa.float64()),
         "tolerance": pa.array([num(u.tolerance) for u in calls], pa.float64()),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import json
 import os
 import re
@@ -26,7 +27,8 @@ from typing import Any, Optional, Union
 import msgspec
 import orjson
 from msgspec import UNSET, UnsetType
-from probe.errors import ConfigError
+from probe.errors import ConfigError, DumpError
+from probe.untrusted import open_file
 from probe.vocabulary import PARAMETERS_GRAD, STAT_KEYS
 
 _CHUNK = 1 << 22
@@ -34,7 +36,9 @@ WHOLE_FILE_BYTES = 256 << 20    # parsed whole: ~6x its size in objects while en
 _WS = " \t\r\n"
 
 
-_HEADER = ("task", "level", "framework", "dump_data_dir", "math_modes")
+_HEADER = ("task", "level", "framework", "dump_data_dir", "math_modes", "complete")
+_HEADER_TYPES = {"math_modes": dict, "complete": bool}     # the others: str
+_TYPE_WORDS = {dict: "an object", bool: "true or false", str: "a string"}
 
 
 @dataclass
@@ -46,6 +50,8 @@ class DumpMeta:
     framework: str | None = None
     dump_data_dir: str | None = None
     math_modes: dict | None = None    # the precision settings it ran with (dump/math_modes.py)
+    complete: bool | None = None      # probe's marker: True once its step ended, False before
+                                      # (a run killed mid-step); None: no marker (msprobe's dumps)
     entries: int = 0
     truncated: bool = False
     problems: list = field(default_factory=list)
@@ -54,10 +60,16 @@ class DumpMeta:
 # One tensor or argument of an entry, as dump.json has it: its statistics are the
 # vocabulary's STAT_KEYS (a new statistic is read with no change here); ``type`` is
 # required, so a JSON object without one (a container) is refused by the struct decoding.
+# The fields the compare uses are typed: a dump whose shape is text or whose data_name is a
+# list fails the struct, and where its entry is decoded as dicts instead (rows._walk) the same
+# conversion names the field in one line (DumpError). Checked by msgspec as it decodes: no
+# second pass over 100k entries.
 Leaf = msgspec.defstruct(
-    "Leaf", [("type", str), ("dtype", Any, UNSET), ("shape", Any, UNSET),     # UNSET: no such key
+    "Leaf", [("type", str), ("dtype", Union[str, None, UnsetType], UNSET),     # UNSET: no such key
+             ("shape", Union[list[Optional[int]], None, UnsetType], UNSET),     # (null: a size not known)
              *[(key, Any, None) for key in STAT_KEYS],
-             ("requires_grad", Any, None), ("md5", Any, None), ("data_name", Any, None), ("value", Any, None),
+             ("requires_grad", Any, None), ("md5", Optional[str], None), ("data_name", Optional[str], None),
+             ("value", Any, None),
              ("uninitialized", Any, None),    # a buffer not yet written (torch.empty, out=): no data
              ("opaque", Any, None)],          # a custom op's handle (an address): no data
     gc=False, module=__name__)
@@ -84,6 +96,7 @@ class _RawDoc(msgspec.Struct):
     framework: Any = None
     dump_data_dir: Any = None
     math_modes: Any = None
+    complete: Any = None
 
 
 _RAW_DOC = msgspec.json.Decoder(_RawDoc)
@@ -171,20 +184,51 @@ def read_dump(path: str, meta: DumpMeta | None = None, stream: bool = False, typ
     entries as ``Entry`` structs where they fit one (dicts where not).
     """
     meta = meta if meta is not None else DumpMeta(path)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"dump.json not found: {path}")
-    whole = not stream and os.path.getsize(path) <= WHOLE_FILE_BYTES
-    if whole and typed:
-        raw = _raw_entries(path)
-        if raw is not None:
-            yield from _typed_entries(raw, meta)
+    try:
+        yield from _read(path, meta, stream, typed)
+    except (UnicodeDecodeError, RecursionError) as exc:
+        # text that is not UTF-8 (or UTF-16), nesting past the parsers' limits: one line
+        raise DumpError(_damage(path, exc) + _after(meta)) from None
+    except ConfigError:
+        raise
+    except ValueError as exc:           # the streamed file's integer of over 4300 digits
+        raise DumpError(f"{path}: dump.json cannot be read{_after(meta)}: {str(exc).splitlines()[0]}") from None
+
+
+def _after(meta: DumpMeta) -> str:
+    return f" (after {meta.entries} entries)" if meta.entries else ""
+
+
+def _damage(path: str, exc: BaseException) -> str:
+    """What is wrong with a dump.json that could not be decoded as text or as JSON."""
+    if isinstance(exc, RecursionError):
+        return f"{path}: dump.json is nested too deeply to read (a hostile or damaged file)"
+    with open_file(path) as fh:
+        head = fh.read(2)
+    if head in (b"\xff\xfe", b"\xfe\xff"):
+        return f"{path}: dump.json is UTF-16 text; probe reads UTF-8 JSON only"
+    bad = exc.object[exc.start:exc.start + 1] if isinstance(exc, UnicodeDecodeError) else b""
+    return f"{path}: dump.json is not UTF-8 text (byte {bad!r}: {getattr(exc, 'reason', exc)}); probe reads UTF-8 JSON only"
+
+
+def _read(path: str, meta: DumpMeta, stream: bool, typed: bool):
+    with open_file(path) as fh:          # a regular file (a FIFO: one line, no hang)
+        whole = not stream and os.fstat(fh.fileno()).st_size <= WHOLE_FILE_BYTES
+        raw = fh.read() if whole else None
+    if raw is not None and typed:
+        doc = _raw_entries(raw)
+        if doc is not None:
+            yield from _typed_entries(doc, meta)
             return
-    doc = _parse_whole(path) if whole else None
-    if doc is not None:
-        yield from _whole_entries(doc, meta)
+    parsed = _parse_whole(raw, path) if raw is not None else None
+    del raw
+    if parsed is not None:
+        yield from _whole_entries(parsed, meta)
         return
     decoder = json.JSONDecoder()
-    with open(path, "r", encoding="utf-8") as fh:
+    with io.TextIOWrapper(open_file(path), encoding="utf-8") as fh:
         buf = _Buffer(fh)
         if buf.skip_ws() != "{":
             raise ConfigError(f"not a dump.json (no JSON object): {path}")
@@ -208,69 +252,107 @@ def read_dump(path: str, meta: DumpMeta | None = None, stream: bool = False, typ
                     yield from _entries(buf, decoder, meta)
                 else:
                     value = buf.decode(decoder)
+                    if key == "data":
+                        raise DumpError(_not_entries(path, value))
                     if key in _HEADER:
-                        setattr(meta, key, value)
+                        _set_header(meta, key, value)
         except json.JSONDecodeError as exc:
+            if "\x00" in buf.text:       # UTF-16 without a byte-order mark: NULs no JSON text holds
+                raise DumpError(f"{path}: dump.json holds NUL characters (UTF-16 text?); "
+                                "probe reads UTF-8 JSON only") from None
             meta.truncated = True
             meta.problems.append(
                 f"{path}: dump.json is truncated or damaged after {meta.entries} entries "
                 f"({exc.msg}); compared what was complete")
 
 
-def _parse_whole(path: str) -> dict | None:
+def _parse_whole(raw: bytes, path: str) -> dict | None:
     """The whole document, or None where orjson refuses it (then it is streamed)."""
-    with open(path, "rb") as fh:
-        raw = fh.read()
     try:
         with gc_paused():          # ~3x faster: no collections while it builds the objects
             doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    return doc if type(doc) is dict and type(doc.get("data", {})) is dict else None
+    if type(doc) is not dict:
+        return None                # (streamed: "not a dump.json")
+    if type(doc.get("data", {})) is not dict:
+        raise DumpError(_not_entries(path, doc["data"]))
+    return doc
 
 
-def _raw_entries(path: str) -> _RawDoc | None:
+def _not_entries(path: str, data) -> str:
+    return (f"{path}: dump.json's \"data\" must be an object of entries (entry name -> its inputs and "
+            f"outputs), got {type(data).__name__}")
+
+
+def _raw_entries(raw: bytes) -> _RawDoc | None:
     """The top level with each entry's raw text, or None where msgspec refuses the file."""
-    with open(path, "rb") as fh:
-        raw = fh.read()
     try:
         return _RAW_DOC.decode(raw)
     except msgspec.MsgspecError:       # bare NaN tokens, a cut-off file, no dump.json at all
         return None
 
 
+def _set_header(meta: DumpMeta, key: str, value) -> None:
+    """One top-level field of dump.json: text (math_modes: an object, complete: a bool), or null."""
+    want = _HEADER_TYPES.get(key, str)
+    if value is not None and type(value) is not want:
+        raise DumpError(f"{meta.path}: dump.json's {key!r} must be "
+                        f"{_TYPE_WORDS[want]} or null, got {type(value).__name__}")
+    setattr(meta, key, value)
+
+
 def _typed_entries(doc: _RawDoc, meta: DumpMeta):
     for key in _HEADER:
         value = getattr(doc, key)
         if value is not None:
-            setattr(meta, key, value)
+            _set_header(meta, key, value)
     data = doc.data
     for name in list(data):
-        entry = _decode_entry(name, data.pop(name))
+        entry = _decode_entry(name, data.pop(name), meta.path)
         meta.entries += 1
         yield name, entry
 
 
-def _decode_entry(name: str, raw: msgspec.Raw) -> Entry | dict:
-    """An ``Entry`` where the structs fit it, else plain dicts."""
-    if PARAMETERS_GRAD not in name:             # (keyed by parameter name: a dict)
-        try:
-            return _ENTRY.decode(raw)
-        except msgspec.ValidationError:         # a nested dict argument, odd field types
-            pass
+def _decode_entry(name: str, raw: msgspec.Raw, path: str) -> Entry | dict:
+    """An ``Entry`` where the structs fit it, else plain dicts; DumpError for an entry
+    that is not an object, holds an integer of over 4300 digits, is not UTF-8 or is
+    nested past the parsers' limits."""
     try:
-        return orjson.loads(bytes(raw))
-    except orjson.JSONDecodeError:              # a number beyond float64 (1e400): inf, as json has it
-        return json.loads(bytes(raw))
+        if PARAMETERS_GRAD not in name:             # (keyed by parameter name: a dict)
+            try:
+                return _ENTRY.decode(raw)
+            except msgspec.ValidationError:         # a nested dict argument, odd field types
+                pass
+        try:
+            entry = orjson.loads(bytes(raw))
+        except orjson.JSONDecodeError:              # a number beyond float64 (1e400): inf, as json has it
+            entry = json.loads(bytes(raw))
+    except (ValueError, RecursionError) as exc:     # (UnicodeDecodeError is a ValueError)
+        what = ("nested too deeply to read" if isinstance(exc, RecursionError)
+                else f"cannot be read: {str(exc).splitlines()[0]}")
+        raise DumpError(f"{path}: entry {name!r} {what}") from None
+    return check_entry(path, name, entry)
+
+
+def check_entry(path: str, name, entry):
+    """``entry`` itself where it is an object (a dict) or null (no rows), else DumpError naming it."""
+    if type(entry) is not dict and entry is not None:
+        raise DumpError(f"{path}: entry {name!r} must be an object (input_args, input_kwargs, output, "
+                        f"...), got {type(entry).__name__}")
+    return entry
 
 
 def _whole_entries(doc: dict, meta: DumpMeta):
     for key in _HEADER:
         if key in doc:
-            setattr(meta, key, doc[key])
+            _set_header(meta, key, doc[key])
     data = doc.get("data", {})
+    path = meta.path
     for name in list(data):
         entry = data.pop(name)      # dropped once the caller has it: memory goes down as rows grow
+        if type(entry) is not dict and entry is not None:
+            check_entry(path, name, entry)
         meta.entries += 1
         yield name, entry
 
@@ -296,7 +378,7 @@ def _entries(buf, decoder, meta):
             if end < len(text):
                 buf.pos = end
                 meta.entries += 1
-                yield m.group(1), entry
+                yield m.group(1), check_entry(meta.path, m.group(1), entry)
                 continue
         ch = buf.skip_ws()
         if ch == ",":
@@ -313,7 +395,7 @@ def _entries(buf, decoder, meta):
         buf.pos += 1
         entry = buf.decode(decoder)
         meta.entries += 1
-        yield name, entry
+        yield name, check_entry(meta.path, name, entry)
 
 
 def read_meta(path: str) -> DumpMeta:

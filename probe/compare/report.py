@@ -1,9 +1,14 @@
 """Write a CompareResult: the xlsx (rows, Summary with the diagnosis and its chart, one
 row per call in Diagnosis; it opens on Summary), a CSV of the rows, the self-contained
 HTML page (html_report) and compare_summary_*.json next to it (also copied to
-compare_summary.json, the latest run's)."""
+compare_summary.json, the latest run's).
+
+They are written together (written_whole): each under a temporary name, all renamed once
+all are complete, and only then do compare_report.html and compare_summary.json become
+this compare's. A compare that fails leaves the folder as it was."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -16,6 +21,11 @@ from .engine import PERCENT_COLUMNS, CompareResult, load_stacks
 from . import summary_json
 from .html_report import user_frame
 from .xlsx import LineChart, Sheet, write_workbook
+from .xlsx.sheets import row_link, split_note
+from probe import lone_surrogates
+from probe.written_whole import WrittenTogether
+
+MAIN_SHEET = "compare_result"
 
 _WIDTHS = {"NPU Name": 48, "Bench Name": 48, "Err_message": 70, "NPU_Stack_Info": 70,
            "Data_name": 50, "NPU Dtype": 15, "Bench Dtype": 15, "Result": 9,
@@ -60,7 +70,7 @@ def summary_rows(result: CompareResult) -> list:
         lines.append(["first error", "none"])
     else:
         name = cols["NPU Name"][first] or cols["Bench Name"][first]
-        lines.append(["first error", f"row {first + 2}: {name}"])
+        lines.append(["first error", f"{_row_text(first)}: {name}"])
         lines.append(["first error message", cols["Err_message"][first]])
         stack = None
         if result.stack_path:
@@ -68,6 +78,14 @@ def summary_rows(result: CompareResult) -> list:
             stack = load_stacks(result.stack_path).get(entry) if entry else None
         lines.append(["first error stack", stack or "(no stack.json given)"])
     return lines
+
+
+def _row_text(row: int) -> str:
+    """Where data row ``row`` is in the workbook: "row 12", or "row 12 of compare_result (2)"
+    where the main sheet is split (past Excel's row limit)."""
+    sheet, _, cell = row_link(MAIN_SHEET, row).rpartition("!A")
+    sheet = sheet.strip("'")
+    return f"row {cell}" if sheet == MAIN_SHEET else f"row {cell} of {sheet}"
 
 
 def _entry_of(result, i):
@@ -138,9 +156,10 @@ def diagnosis_sheet(diag) -> Sheet:
     return Sheet("Diagnosis", DIAG_HEADER, cols, styles, _DIAG_WIDTHS)
 
 
-def _describe(label, rec) -> list:
+def _describe(label, rec, judged: bool = True) -> list:
     if rec is None:
-        return [[label, "none: no call adds error beyond what its dtype explains"]]
+        return [[label, "none: no call adds error beyond what its dtype explains" if judged
+                 else "none found among the calls compared (not judged: see above)"]]
     name = rec["npu_name"] or rec["bench_name"]
     if rec["bench_name"] and rec["bench_name"] != rec["npu_name"]:
         name += f"  (bench: {rec['bench_name']})"
@@ -183,8 +202,10 @@ def _fmt(x) -> str:
 def diagnosis_lines(summary: dict) -> list:
     """Summary-sheet lines (also printed) naming where the error starts."""
     fd = summary["first_divergence"]
-    lines = [["verdict", summary.get("verdict", "")],
-             ["matching", summary["matching"]], ["error measure", summary["error_measure"]],
+    lines = [["verdict", summary.get("verdict", "")]]
+    for gap in (summary.get("judged") or {}).get("not_compared") or []:
+        lines.append(["not judged", gap["text"]])
+    lines += [["matching", summary["matching"]], ["error measure", summary["error_measure"]],
              ["calls: clean / introduce / inherit / unmatched",
               " / ".join(str(summary["calls"][k]) for k in ("clean", "introduces", "inherits", "unmatched"))]]
     if summary.get("replayed_calls"):
@@ -199,8 +220,9 @@ def diagnosis_lines(summary: dict) -> list:
                                f"{_fmt(drift['backward'])}" + (
                                    f"; grows fastest at {grow['name']} (x{_fmt(grow['growth'])})"
                                    if grow else "")])
-    lines += _describe("first divergence (forward)", fd["forward"])
-    lines += _describe("first divergence (backward)", fd["backward"])
+    complete = not (summary.get("judged") or {}).get("not_compared")
+    lines += _describe("first divergence (forward)", fd["forward"], complete)
+    lines += _describe("first divergence (backward)", fd["backward"], complete)
     if fd["forward"] is None and fd["backward"] is None and summary.get("inputs_differ"):
         lines += _describe("inputs differ first at", summary["inputs_differ"])
     for s in summary["suspects"]:
@@ -247,8 +269,8 @@ def summary_sheet(result: CompareResult, digest: dict | None, diag) -> Sheet:
     if digest is not None:
         if culprit is not None:
             name = result.columns["NPU Name"][culprit] or result.columns["Bench Name"][culprit]
-            lines.insert(0, ["culprit row (click)", f"compare_result row {culprit + 2}: {name}"])
-            links.append(("B2", f"'compare_result'!A{culprit + 2}"))
+            lines.insert(0, ["culprit row (click)", f"{MAIN_SHEET} {_row_text(culprit)}: {name}"])
+            links.append(("B2", row_link(MAIN_SHEET, culprit)))
             fd = digest["first_divergence"]
             frame = user_frame((fd["forward"] or fd["backward"] or {}).get("stack"))
             if frame:
@@ -258,7 +280,7 @@ def summary_sheet(result: CompareResult, digest: dict | None, diag) -> Sheet:
     styles: list = [None] * len(lines)
     for k, (label, _) in enumerate(lines):
         if label == "first error" and first is not None:
-            links.append((f"B{k + 2}", f"'compare_result'!A{first + 2}"))
+            links.append((f"B{k + 2}", row_link(MAIN_SHEET, first)))
     for ref, _ in links:
         styles[int(ref[1:]) - 2] = "link"
     return Sheet.from_rows("Summary", ["Item", "Value"], lines, styles, [_LABEL_WIDTH, _VALUE_WIDTH],
@@ -277,20 +299,43 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
     ``progress``: a tqdm-like bar (``set_description``, ``update``) or None.
     """
     stem = output_stem(output_path, tag)
-    cols = result.columns
-    header = list(cols)
+    split = split_note(MAIN_SHEET, result.n_rows)
+    if split is not None and split not in result.notes:     # said in the Summary, the summary json, the console
+        result.notes.append(split)
     digest = None
     if diag is not None:
         if progress is not None:
             progress.set_description("compare: diagnosis", refresh=False)
             progress.update(0)
         diag = diag() if callable(diag) else diag
-        digest = summary_json.build(result, diag, bench2_path)
+        digest = _encodable(summary_json.build(result, diag, bench2_path), output_path)
+    with WrittenTogether() as files:
+        paths = _write_files(result, diag, digest, stem, files, html, progress)
+    d = os.path.dirname(stem)
+    for path in paths[2:]:      # now that all are complete: the folder's latest page and summary
+        fixed = "compare_report.html" if path.endswith(".html") else "compare_summary.json"
+        link_latest(path, os.path.join(d, fixed))
+    return paths
+
+
+def _encodable(digest: dict, folder: str) -> dict:
+    """The summary with its lone surrogates replaced (UTF-8 cannot hold them), said once."""
+    if not lone_surrogates.in_text(json.dumps(digest, ensure_ascii=False)):
+        return digest
+    lone_surrogates.say_replaced(os.path.abspath(folder))
+    return lone_surrogates.replace_in(digest)
+
+
+def _write_files(result, diag, digest, stem: str, files: WrittenTogether, html: bool, progress) -> list:
+    """Write the compare's files, each to ``files.path`` (renamed when all are done);
+    return their final paths: xlsx, csv, page, summary json."""
+    cols = result.columns
+    header = list(cols)
     styles = [None if v == "pass" else v for v in cols["Result"]]
     xlsx_path, csv_path = stem + ".xlsx", stem + ".csv"
-    main = Sheet("compare_result", header, [cols[h] for h in header], styles, _widths(header, cols),
+    main = Sheet(MAIN_SHEET, header, [cols[h] for h in header], styles, _widths(header, cols),
                  {h for h in header if h in PERCENT_COLUMNS and result.mode == "statistics"},
-                 csv_path=csv_path)
+                 csv_path=files.path(csv_path))
     summary = summary_sheet(result, digest, diag)
     sheets = [main, summary]
     if diag is not None and digest is not None:
@@ -310,31 +355,29 @@ def write_report(result: CompareResult, output_path: str, tag: str = "", diag=No
     if progress is not None:
         progress.set_description("compare: writing xlsx", refresh=False)
         progress.total = sum(len(s.columns[0]) if s.columns else 0 for s in sheets)
-    write_workbook(xlsx_path, sheets, progress.update if progress is not None else None)
+    write_workbook(files.path(xlsx_path), sheets, progress.update if progress is not None else None)
     paths = [xlsx_path, csv_path]
     d, base = os.path.split(stem)
+    json_path = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
     if html:
         from .html_report import write_page
         if progress is not None:
             progress.set_description("compare: writing page", refresh=False)
             progress.update(0)
         page = os.path.join(d, base.replace("compare_result", "compare_report", 1) + ".html")
-        json_name = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
-        write_page(result, diag, digest, page, {"xlsx": xlsx_path, "json": json_name if digest is not None else None})
+        write_page(result, diag, digest, files.path(page),
+                   {"xlsx": xlsx_path, "json": json_path if digest is not None else None})
         paths.append(page)
-        _latest(page, os.path.join(d, "compare_report.html"))
     if digest is not None:
-        json_path = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
-        summary_json.write(json_path, digest)
+        summary_json.write(files.path(json_path), digest)
         paths.append(json_path)
-        # a fixed name for scripts and CI: the latest run's summary (atomic: ranks may race)
-        _latest(json_path, os.path.join(d, "compare_summary.json"))
     return paths
 
 
-def _latest(path: str, fixed: str) -> None:
-    """``fixed`` becomes the latest compare's file: a hard link where the file system has
-    them (a big page is not copied), else a copy; replaced atomically (ranks may race)."""
+def link_latest(path: str, fixed: str) -> None:
+    """``fixed`` becomes the latest compare's file (a fixed name for scripts and CI): a hard
+    link where the file system has them (a big page is not copied), else a copy; replaced
+    atomically (ranks may race)."""
     tmp = f"{fixed}.{os.getpid()}.tmp"
     try:
         os.link(path, tmp)
@@ -344,13 +387,17 @@ def _latest(path: str, fixed: str) -> None:
 
 
 def console_summary(result: CompareResult, digest: dict | None, paths: list) -> list:
-    """The few lines the CLI prints: what to open next, row counts, the verdict."""
+    """The few lines the CLI prints: what to open next, row counts, the verdict; first, when
+    the compare could not judge everything, what it could not and why."""
     counts = Counter(result.columns["Result"])
     page = next((p for p in paths if p.endswith(".html")), None)
     book = next((p for p in paths if p.endswith(".xlsx")), None)
     lines = [f"open {page} (the page; every column: {book})" if page and book else f"open {page or book or paths[0]}"]
     lines += [f"{result.mode} mode, {result.n_rows} rows: "
              + ", ".join(f"{k} {counts.get(k, 0)}" for k in ("pass", "warning", "error"))]
+    gaps = ((digest or {}).get("judged") or {}).get("not_compared") or []
+    if gaps:        # what could not be judged (an incomplete dump, nothing paired) comes first
+        lines.insert(0, "not judged: " + "; ".join(g["text"] for g in gaps))
     if digest is not None:
         fd = digest["first_divergence"]
         rec = fd["forward"] or fd["backward"]

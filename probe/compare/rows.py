@@ -17,6 +17,7 @@ import numpy as np
 from msgspec import UNSET
 
 from .reader import Entry, Leaf
+from probe.errors import DumpError
 from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS, PARAMETERS_GRAD, STAT_KEYS, parse_entry_name
 from probe.vocabulary import direction  # noqa: F401  (engine reads it from here)
 
@@ -102,12 +103,22 @@ def numels(shapes) -> list:
         try:
             n = memo.get(s)
         except TypeError:           # a malformed (nested) shape
-            out.append(math.prod(s) if s is not None else 0)
+            out.append(_numel(s))
             continue
         if n is None:
-            n = memo[s] = math.prod(s) if s is not None else 0
+            n = memo[s] = _numel(s)
         out.append(n)
     return out
+
+
+def _numel(shape) -> int:
+    """Elements of ``shape``; 0 for none, or for one with a size not known (null)."""
+    if shape is None:
+        return 0
+    try:
+        return math.prod(shape)
+    except TypeError:
+        return 0
 
 
 def field_of(rows: list, name: str) -> list:
@@ -124,7 +135,10 @@ def _num(x) -> float:
     if isinstance(x, bool):
         return float(x)
     if isinstance(x, (int, float)):
-        return float(x)
+        try:
+            return float(x)
+        except OverflowError:           # an integer beyond float64: infinite, as 1e400 reads
+            return math.inf if x > 0 else -math.inf
     return _NAN
 
 
@@ -141,7 +155,7 @@ def _leaf(name, entry, io, leaf, store: array) -> Row:
     if kind_type in _TENSOR_TYPES or leaf.dtype is not UNSET and leaf.shape is not UNSET:   # both keys there
         try:
             store.fromlist(list(_stats_of_leaf(leaf)))     # all or none of them
-        except TypeError:                                  # None, text: NaN
+        except (TypeError, OverflowError):                 # None, text: NaN; 10**400: inf
             store.extend(map(_num, _stats_of_leaf(leaf)))
         dtype = leaf.dtype if leaf.dtype is not UNSET else None
         dtype = _dtypes.setdefault(dtype, dtype) if type(dtype) is str else str(dtype)
@@ -177,10 +191,15 @@ def _walk(name, entry, io, data, out, store, index_lists=True):
                 _walk(item_name, entry, io, item, out, store, index_lists)
     elif isinstance(data, dict):
         if isinstance(data.get("type"), str):
-            out.append(_leaf(name, entry, io, msgspec.convert(data, Leaf), store))
+            try:
+                leaf = msgspec.convert(data, Leaf)
+            except msgspec.ValidationError as exc:      # text for a shape, a list for a data_name
+                raise DumpError(f"entry {entry!r}: {name}: {exc}") from None
+            out.append(_leaf(name, entry, io, leaf, store))
         else:
             for key, item in data.items():
                 _walk(f"{name}.{key}", entry, io, item, out, store, index_lists)
+    # (a bare number or text where a description belongs: no row, as msprobe's compare)
 
 
 def _entry_rows(entry_name: str, entry: Entry, out: list, store: array) -> None:

@@ -53,6 +53,14 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
     """
     t0 = time.perf_counter()
     options = resolve_options("compare_run", options, keywords, _RUN_KEYWORDS)
+    from .tokens import is_inference_root
+    if is_inference_root(npu_root) and is_inference_root(bench_root):
+        # inference steps are never paired by number: request by request (requests.py)
+        from .requests import compare_requests
+        unused = [k for k, v in (("bench2_root", bench2_root), ("layout", layout), ("scheduler", scheduler),
+                                 ("executor", executor)) if v]
+        summary, summary_path, paths = compare_requests(npu_root, bench_root, output_path, options, unused=unused)
+        return RunResult(summary, summary_path, paths, [], time.perf_counter() - t0)
     npu_root, bench_root = os.path.abspath(npu_root), os.path.abspath(bench_root)
     output_path = os.path.abspath(output_path)
     from .merged_pair import plan_merges
@@ -110,12 +118,12 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
     paths.append(write_run_workbook(summary, outcomes, output_path))
     if options.output.html:       # the run's page: the answer and the grid, linking the pairs
         from .html_report import write_run_page
-        from .report import _latest
+        from .report import link_latest
         page = write_run_page(summary, os.path.join(output_path, "compare_run.html"))
         paths.append(page)
         # the folder's compare_report.html is the run's page (as compare_summary.json is the
         # run's summary), not the page of whichever pair finished last
-        _latest(page, os.path.join(output_path, "compare_report.html"))
+        link_latest(page, os.path.join(output_path, "compare_report.html"))
     return RunResult(summary, summary_path, paths, outcomes, time.perf_counter() - t0)
 
 
@@ -146,6 +154,7 @@ def build_summary(npu_root: str, bench_root: str, outcomes: list, unpaired: list
                 continue
             grid.append({"step": s, "rank": r, "verdict": c.verdict,
                          "first": c.mark.name if c.mark else None,
+                         "reason": c.reason if c.verdict == "not_compared" else None,
                          "report": o.report if o else None, "html": o.html if o else None})
     first = None
     found = first_of_run(cells)

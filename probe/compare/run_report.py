@@ -14,8 +14,9 @@ import time
 from .xlsx import Sheet, write_workbook
 
 _STYLE = {"introduces": "error", "failed": "error", "inherits": "warning",
-          "inputs_differ": "warning", "missing": "warning"}
+          "inputs_differ": "warning", "not_compared": "warning", "missing": "warning"}
 _MAX_GRID_RANKS = 16000          # xlsx has 16384 columns
+_MAX_LISTED = 20                 # pairs not compared listed one a line on the console
 
 
 def run_sheet(summary: dict) -> Sheet:
@@ -36,12 +37,12 @@ def run_sheet(summary: dict) -> Sheet:
 def pairs_sheet(summary: dict, outcomes: list) -> Sheet:
     seconds = {(o.step, o.rank): o.seconds for o in outcomes}
     grid = summary["grid"]
-    header = ["Step", "Rank", "Verdict", "First Divergence", "Seconds", "Report"]
+    header = ["Step", "Rank", "Verdict", "First Divergence", "Not Compared Because", "Seconds", "Report"]
     cols = [[c["step"] for c in grid], [c["rank"] for c in grid], [c["verdict"] for c in grid],
-            [c["first"] for c in grid], [seconds.get((c["step"], c["rank"])) for c in grid],
-            [c["report"] for c in grid]]
+            [c["first"] for c in grid], [c.get("reason") for c in grid],
+            [seconds.get((c["step"], c["rank"])) for c in grid], [c["report"] for c in grid]]
     return Sheet("Pairs", header, cols, [_STYLE.get(c["verdict"]) for c in grid],
-                 [7, 7, 14, 48, 9, 90])
+                 [7, 7, 14, 48, 60, 9, 90])
 
 
 def grid_sheet(summary: dict) -> Sheet:
@@ -65,13 +66,20 @@ def write_run_workbook(summary: dict, outcomes: list, output_path: str) -> str:
 
 def answer_lines(summary: dict) -> list:
     """The run's answer as console lines."""
+    if summary.get("requests") is not None:     # an inference run, compared request by request
+        from .requests import answer_lines as request_lines
+        return request_lines(summary)
     fd = summary["first_divergence"]
     counts: dict = {}
     for cell in summary["grid"]:
         counts[cell["verdict"]] = counts.get(cell["verdict"], 0) + 1
     lines = [f"run: {len(summary['steps'])} step(s) x {len(summary['ranks'])} rank(s): "
              + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
-    if fd is None:
+    unjudged = [c for c in summary["grid"] if c["verdict"] == "not_compared"]
+    if fd is None and unjudged:
+        lines.append(f"first divergence: none found, but {len(unjudged)} of {len(summary['grid'])} pair(s) "
+                     f"were not compared (never \"clean\")")
+    elif fd is None:
         lines.append("first divergence: none (no pair's call introduces error)")
     else:
         what = "introduces error" if fd["kind"] == "introduced" else "inputs already differ"
@@ -83,6 +91,10 @@ def answer_lines(summary: dict) -> list:
         if fd.get("reason"):
             lines.append(f"  why: {fd['reason']}")
         lines.append(f"  report: {fd['report']}")
+    for c in unjudged[:_MAX_LISTED]:
+        lines.append(f"not compared: step {c['step']} rank {c['rank']}: {c.get('reason') or 'nothing compared'}")
+    if len(unjudged) > _MAX_LISTED:
+        lines.append(f"not compared: {len(unjudged) - _MAX_LISTED} more pair(s) (the Pairs sheet lists them)")
     for u in summary["unpaired"]:
         lines.append(f"unpaired: only the {u['side']} side has step {u['step']} rank{u['rank']}")
     for note in summary["notes"]:

@@ -555,7 +555,7 @@ def entries_side_by_side(rank_jsons: list):
 
 # ---------------------------------------------------------------- the merged dump
 
-_HEADER = ("task", "level", "framework", "math_modes")
+_HEADER = ("task", "level", "framework", "math_modes", "complete")
 
 
 def merge_ranks(rank_jsons: list, out_json: str, rules: LayoutRules | None = None) -> MergeReport:
@@ -603,6 +603,8 @@ def merge_ranks(rank_jsons: list, out_json: str, rules: LayoutRules | None = Non
             first = False
         fh.write("}")
         base_meta = metas[0] if metas else DumpMeta(rank_jsons[0][1])
+        if any(m.complete is False for m in metas):    # one rank's step did not finish: nor did the merge's
+            base_meta.complete = False
         for key in _HEADER:
             value = getattr(base_meta, key, None)
             if value is not None:

@@ -115,21 +115,52 @@ def _drift(drift) -> dict | None:
 STATUSES = ("clean", "introduces", "inherits", "unmatched", "not compared", "draw", "can't tell")
 
 
+NOT_JUDGED = "not judged"     # how a verdict that could not say "no API introduces error" starts
+
+
 def verdict_text(diag, primary) -> str:
     """The answer of the compare, in one sentence: the culprit, or that there is none and
-    what explains the differences (the draws, the NPU side's measured precision, the dtype)."""
+    what explains the differences (the draws, the NPU side's measured precision, the dtype).
+    "No API introduces error" only where enough was compared to say it (coverage.py):
+    otherwise what was not compared and why, then what the calls compared showed."""
     parts = []
     d = diag.draws
+    gaps = [g.text for g in diag.coverage.gaps] if getattr(diag, "coverage", None) is not None else []
     if d is not None and d.differ:
         parts.append(f"the two runs drew different random numbers from {d.first_differing} on "
                      f"({d.differ} of {d.calls} random calls differ; each is checked against its law instead)")
     if primary is not None:       # the culprit first: that is the answer
         u = primary.call
         where = f" in {u.module}" if u.module else ""
-        return "; ".join([f"{u.name}{where} introduces error: {u.reason}"] + parts)
+        return "; ".join([f"{u.name}{where} introduces error: {u.reason}"] + parts + gaps)
     dtype = diag.low_precision or "the dtypes compared"
     explains = f"{dtype} and the NPU side's measured precision" if diag.device else dtype
+    if gaps:
+        compared = diag.coverage.compared
+        seen = ([f"among the {compared} call{'s' if compared > 1 else ''} compared none introduces error "
+                 f"beyond what {explains} explains"] if compared else [])
+        return "; ".join([f"{NOT_JUDGED}: {gaps[0]}"] + gaps[1:] + parts + seen)
     return "; ".join(parts + [f"no API introduces error beyond what {explains} explains"])
+
+
+def judged(diag) -> dict | None:
+    """What the verdict rests on: the calls compared, and each reason it could not judge."""
+    cov = getattr(diag, "coverage", None)
+    if cov is None:
+        return None
+    return {"complete": cov.judged, "calls": cov.calls, "npu_calls": cov.npu_calls,
+            "bench_calls": cov.bench_calls, "paired": cov.paired, "compared": cov.compared,
+            "not_compared": [{"kind": g.kind, "text": g.text} for g in cov.gaps]}
+
+
+def _dumps(diag) -> dict | None:
+    """Whether each side's dump.json finished (probe's marker; null where it has none)."""
+    cov = getattr(diag, "coverage", None)
+    if cov is None:
+        return None
+    return {name: None if st is None else {"entries": st.entries, "complete": st.complete,
+                                             "truncated": st.truncated}
+            for name, st in (("npu", cov.npu), ("bench", cov.bench))}
 
 
 def _groups(result, groups) -> list:
@@ -174,6 +205,8 @@ def build(result, diag, bench2_path: str | None = None, stack_path: str | None =
                                 if u.status == "unmatched" and not u.npu_entry]},
         "groups": _groups(result, groups),
         "verdict": verdict_text(diag, primary),
+        "judged": judged(diag),
+        "dumps": _dumps(diag),
         "replayed_calls": diag.replayed,
         "draws": None if diag.draws is None else {
             "calls": diag.draws.calls, "differ": diag.draws.differ,

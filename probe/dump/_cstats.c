@@ -12,6 +12,7 @@
  *   kind:    one of the KIND_* codes below (stats.py maps torch dtypes to them)
  * Max/Min are float for floating kinds, int for integers, bool for bool.
  * summary(tensor, cache) -> the tensor's dump.json summary dict, or None (see below).
+ * summarize_rows(address, rows, cols, kind) -> one [Max, Min, Mean, Norm] per row (floating kinds).
  *
  * Built as an optional extension: without a C compiler probe falls back to stats.py's
  * numpy/torch path, which computes the same statistics.
@@ -268,6 +269,57 @@ static PyObject *summarize(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return reduce(ptr, n, kind);
 }
 
+/* summarize_rows(address, rows, cols, kind) -> [[Max, Min, Mean, Norm], ...]: each of `rows`
+ * consecutive runs of `cols` elements of a floating kind reduced as summarize() reduces a
+ * whole buffer (an inference step's per-token statistics: probe/inference/token_stats.py). */
+static PyObject *summarize_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "summarize_rows(address, rows, cols, kind)");
+        return NULL;
+    }
+    void *ptr = PyLong_AsVoidPtr(args[0]);
+    Py_ssize_t rows = PyLong_AsSsize_t(args[1]), cols = PyLong_AsSsize_t(args[2]);
+    long kind = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (ptr == NULL || rows <= 0 || cols <= 0 || kind < 0 || kind > KIND_F16) {
+        PyErr_SetString(PyExc_ValueError, "summarize_rows: need a non-null address, rows and cols > 0, a floating kind");
+        return NULL;
+    }
+    facc *acc = PyMem_Malloc(sizeof(facc) * (size_t)rows);
+    if (acc == NULL)
+        return PyErr_NoMemory();
+    size_t width = kind == KIND_F64 ? 8 : kind == KIND_F32 ? 4 : 2;
+    int release = rows * cols > GIL_FREE_NUMEL;
+    PyThreadState *ts = release ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const char *row = (const char *)ptr + (size_t)r * (size_t)cols * width;
+        facc *f = &acc[r];
+        init_acc(f);
+        switch (kind) {
+        case KIND_F32: reduce_f32((const float *)row, cols, f); break;
+        case KIND_F64: reduce_f64((const double *)row, cols, f); break;
+        case KIND_BF16: reduce_half((const uint16_t *)row, cols, 1, f); break;
+        case KIND_F16: reduce_half((const uint16_t *)row, cols, 0, f); break;
+        }
+        if (f->has_nan)
+            f->max = f->min = NAN;
+    }
+    if (release)
+        PyEval_RestoreThread(ts);
+    PyObject *out = PyList_New(rows);
+    for (Py_ssize_t r = 0; out != NULL && r < rows; r++) {
+        PyObject *item = Py_BuildValue("[dddd]", acc[r].max, acc[r].min, acc[r].sum / (double)cols,
+                                       sqrt(acc[r].sumsq));
+        if (item == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, r, item);
+    }
+    PyMem_Free(acc);
+    return out;
+}
+
 /* ---- summary(t, cache): a tensor's whole summary dict, for the common case ----------
  *
  * The collector's per-tensor Python (type and layout checks, the cache, the dict) costs
@@ -279,7 +331,7 @@ static PyObject *kinds;         /* dict: torch.dtype -> KIND_* */
 static PyObject *dtype_names;   /* dict: torch.dtype -> "torch.float32", ... */
 static PyObject *strided;       /* torch.strided */
 static PyObject *s_dtype, *s_is_cpu, *s_layout, *s_is_neg, *s_numel, *s_is_contiguous, *s_data_ptr,
-    *s_shape, *s_requires_grad, *s_version, *k_type, *k_dtype, *k_shape, *k_max, *k_min, *k_mean,
+    *s_shape, *s_requires_grad, *s_version, *s_is_inference, *k_type, *k_dtype, *k_shape, *k_max, *k_min, *k_mean,
     *k_norm, *k_requires_grad, *v_tensor;
 
 static PyObject *setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -340,12 +392,20 @@ static PyObject *cached(PyObject *cache, PyObject *key, PyObject *t, PyObject *v
  * at this version, else reduced here (when it is a contiguous, non-negated, non-empty CPU
  * tensor) and stored. NULL without an error: not one this path can read. */
 static PyObject *statistics_of(PyObject *t, PyObject *kind_obj, PyObject *cache) {
-    PyObject *key = PyLong_FromVoidPtr(t), *version = PyObject_GetAttr(t, s_version), *value = NULL;
+    PyObject *key = PyLong_FromVoidPtr(t), *version = NULL, *value = NULL;
     if (key == NULL)
         goto done;
-    if (version == NULL)   /* an inference tensor (torch.inference_mode) has no version counter: */
-        PyErr_Clear();     /* reduced every time, never cached (an in-place write would not show) */
-    else {
+    /* An inference tensor (torch.inference_mode) has no version counter, and reading
+     * _version raises a C++ exception (~50 us, more than the reduction of a decode step's
+     * tensor): asked first, it is reduced every time and never cached (an in-place write
+     * would not show). */
+    int inference = truth_of(t, s_is_inference, 1);
+    if (inference < 0)
+        goto done;
+    if (!inference) {
+        version = PyObject_GetAttr(t, s_version);
+        if (version == NULL)
+            goto done;
         value = cached(cache, key, t, version);
         if (value != NULL || PyErr_Occurred())
             goto done;
@@ -367,9 +427,7 @@ static PyObject *statistics_of(PyObject *t, PyObject *kind_obj, PyObject *cache)
     if (ptr == NULL)
         goto done;
     value = reduce(ptr, n, PyLong_AsLong(kind_obj));
-    if (value == NULL)
-        goto done;
-    if (version == NULL)
+    if (value == NULL || version == NULL)
         goto done;
     PyObject *ref = PyWeakref_NewRef(t, NULL);
     PyObject *entry = ref == NULL ? NULL : PyTuple_Pack(3, ref, version, value);
@@ -434,6 +492,8 @@ fallback:   /* not the common case, or an attribute refused: stats.py decides */
 static PyMethodDef methods[] = {
     {"summarize", (PyCFunction)(void (*)(void))summarize, METH_FASTCALL,
      "summarize(address, numel, kind) -> (Max, Min, Mean, Norm) of a contiguous CPU buffer"},
+    {"summarize_rows", (PyCFunction)(void (*)(void))summarize_rows, METH_FASTCALL,
+     "summarize_rows(address, rows, cols, kind) -> [[Max, Min, Mean, Norm], ...] of a contiguous CPU buffer"},
     {"summary", (PyCFunction)(void (*)(void))summary, METH_FASTCALL,
      "summary(tensor, cache) -> dump.json summary dict of a plain contiguous CPU tensor, else None"},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
@@ -448,10 +508,10 @@ PyMODINIT_FUNC PyInit__cstats(void) {
     if (m == NULL)
         return NULL;
     PyObject **names[] = {&s_dtype, &s_is_cpu, &s_layout, &s_is_neg, &s_numel, &s_is_contiguous, &s_data_ptr,
-                          &s_shape, &s_requires_grad, &s_version, &k_type, &k_dtype, &k_shape, &k_max, &k_min,
+                          &s_shape, &s_requires_grad, &s_version, &s_is_inference, &k_type, &k_dtype, &k_shape, &k_max, &k_min,
                           &k_mean, &k_norm, &k_requires_grad, &v_tensor};
     const char *texts[] = {"dtype", "is_cpu", "layout", "is_neg", "numel", "is_contiguous", "data_ptr",
-                           "shape", "requires_grad", "_version", "type", "dtype", "shape", "Max", "Min",
+                           "shape", "requires_grad", "_version", "is_inference", "type", "dtype", "shape", "Max", "Min",
                            "Mean", "Norm", "requires_grad", "torch.Tensor"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if ((*names[k] = PyUnicode_InternFromString(texts[k])) == NULL) {

@@ -1,5 +1,5 @@
 """Type stub of the C extension ``_cstats.c`` (tensor statistics in one pass)."""
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 KIND_F32: int
 KIND_F64: int
@@ -14,6 +14,8 @@ KIND_BOOL: int
 
 def summarize(address: int, numel: int, kind: int) -> Tuple[Any, Any, Any, Any]:
     """(Max, Min, Mean, Norm) of a contiguous CPU buffer."""
+def summarize_rows(address: int, rows: int, cols: int, kind: int) -> List[List[float]]:
+    """One [Max, Min, Mean, Norm] per row of a contiguous CPU buffer of a floating kind."""
 def summary(tensor: Any, cache: Dict[Any, Any]) -> Optional[Dict[str, Any]]:
     """dump.json summary dict of a plain contiguous CPU tensor, else None."""
 def setup(plain_types: Tuple[Any, ...], kinds: Dict[Any, int], dtype_names: Dict[Any, str], strided: Any) -> None:

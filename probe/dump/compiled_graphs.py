@@ -738,6 +738,17 @@ def _graph_copy_summarise(graph, nodes, before, summarise):
 
 
 # ---- the compile entry point ------------------------------------------------------------
+def _passed_through(compiled, name):
+    """An attribute of the compiled graph probe wraps (``_boxed_call``...), read through the
+    wrapper, but not dynamo's ``_torchdynamo_orig_callable``: dynamo unwraps a callable that
+    has one (``innermost_fn``, where it wraps the graph in ``disable``), and on torch 2.6
+    AOT autograd's forward has one: read through, it made dynamo call the plain graph and
+    skip probe's wrapper, and nothing inside compiled graphs was dumped."""
+    if name.startswith("_torchdynamo"):
+        raise AttributeError(name)
+    return getattr(compiled, name)
+
+
 class _Stripped:
     """A compiled graph's callable with probe's outputs (the last ``extra``) taken off."""
 
@@ -760,7 +771,7 @@ class _Stripped:
         return tuple(results) if isinstance(outs, tuple) else list(results)
 
     def __getattr__(self, name):
-        return getattr(self.compiled, name)
+        return _passed_through(self.compiled, name)
 
 
 class _Verified:
@@ -821,7 +832,7 @@ class _Verified:
         return self.plain
 
     def __getattr__(self, name):
-        return getattr(self.plain, name)
+        return _passed_through(self.plain, name)
 
 
 class _Check:

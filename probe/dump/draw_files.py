@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from probe.dump.stats import numpy_of
-from probe.errors import ConfigError
+from probe.errors import ConfigError, DumpError
+from probe.untrusted import inside, read_bytes
 from probe.vocabulary import FORWARD, api_name
 
 FORMAT = "probe.draws/1"
@@ -205,14 +206,17 @@ class StepDraws:
         self.records: Dict[str, DrawRecord] = {}
         self.missing = False   # no file: the step made no random call (or an older probe dumped it)
         try:
-            with open(self.path, "rb") as f:
-                blob = f.read()
+            # a regular file inside the folder: a FIFO named draws.safetensors would block the
+            # training script's first random call for ever; a symlink out of it is not read
+            blob = read_bytes(inside(rank_dir, FILE, "draws file"))
         except FileNotFoundError:
             if missing_ok:
                 self.missing = True
                 return
             raise ConfigError(f"random_from: {self.path} not found: that NPU step made no random call, or was "
                               f"dumped by a probe that does not record draws") from None
+        except DumpError as exc:
+            raise ConfigError(f"random_from: {exc}") from None
         except OSError as exc:
             raise ConfigError(f"random_from: {self.path}: unreadable ({exc.strerror or exc})") from None
         if len(blob) < 8:
@@ -222,8 +226,10 @@ class StepDraws:
             raise self._bad(f"header length {n} is past the end of the file ({len(blob)} bytes)")
         try:
             header = json.loads(blob[8:8 + n])
-        except ValueError as exc:
-            raise self._bad(f"header is not JSON ({exc})") from None
+        except ValueError as exc:       # (not UTF-8 either: UnicodeDecodeError is a ValueError)
+            raise self._bad(f"header is not JSON ({str(exc).splitlines()[0]})") from None
+        except RecursionError:
+            raise self._bad("header is nested too deeply to read") from None
         meta = header.get("__metadata__") if isinstance(header, dict) else None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise self._bad(f"not a {FORMAT} file")
@@ -243,7 +249,7 @@ class StepDraws:
             raise self._bad(f"bad entry name {entry!r}")
         try:
             row = json.loads(text) if isinstance(text, str) else None
-        except ValueError:
+        except (ValueError, RecursionError):
             row = None
         if not isinstance(row, dict) or row.get("kind") not in KINDS:
             raise self._bad(f"{entry}: its __metadata__ must be a JSON object with kind {' or '.join(KINDS)}")
@@ -261,9 +267,10 @@ class StepDraws:
 
     def _span(self, entry, info, rec) -> Tuple[int, int]:
         offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        if info.get("dtype") != "U8" or not isinstance(offsets, list) or len(offsets) != 2 \
-                or not all(type(o) is int for o in offsets):
-            raise self._bad(f"{entry}: expected a U8 tensor with data_offsets [begin, end], got {info!r}")
+        if not isinstance(info, dict) or info.get("dtype") != "U8" or not isinstance(offsets, list) \
+                or len(offsets) != 2 or not all(type(o) is int for o in offsets):
+            raise self._bad(f"{entry}: expected a U8 tensor with data_offsets [begin, end], "
+                            f"got {type(info).__name__} {str(info)[:80]}")
         begin, end = offsets
         if not 0 <= begin <= end <= self._data.size:
             raise self._bad(f"{entry}: bytes {begin}-{end} are outside the data ({self._data.size} bytes)")

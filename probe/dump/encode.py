@@ -55,8 +55,23 @@ def _maybe_nonfinite(data):
     A number sits under a key (``"Max":null``, ``"value":null``) or in a slice's bounds;
     a ``null`` elsewhere (``[null,...]``, ``,null``: a gradient that does not exist, a None
     argument) is a None, and orjson's text is already the file's. Entries with those (~15%
-    of a model's backward entries) were encoded twice."""
-    return b'":null' in data or b'"slice"' in data
+    of a model's backward entries) were encoded twice. An inference entry's per-token
+    statistics (``"token_stats":[[Max,Min,Mean,Norm],...]``) hold numbers only: a ``null``
+    there is a NaN or an infinity."""
+    return b'":null' in data or b'"slice"' in data or _null_in_token_stats(data)
+
+
+_TOKEN_STATS = b'"token_stats":'
+
+
+def _null_in_token_stats(data):
+    at = data.find(_TOKEN_STATS)
+    while at >= 0:
+        end = data.find(b"]]", at)
+        if end < 0 or b"null" in data[at:end]:
+            return True
+        at = data.find(_TOKEN_STATS, end)
+    return False
 
 
 def encode_entries(count, entries):

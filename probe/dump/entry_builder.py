@@ -16,6 +16,7 @@ from probe.dump.records import BackwardEntry, ForwardEntry, describe_value
 from probe.dump.stack import StackTable
 from probe.hook_module.interceptor import guard
 from probe.hook_module.torch_function_off import no_function_mode
+from probe.inference import token_stats
 from probe.log_once import LogOnce
 from probe.torch_compat import real_tensors
 from probe.vocabulary import NO_STATS, STAT_KEYS
@@ -95,15 +96,21 @@ class EntryBuilder:
         self.ext, self.host_copy = (".pt", stats.torch_copy) if pt else (".npy", stats.host_copy)
         self.stacks = StackTable()
         self.cache = stats.SummaryCache()
+        # an inference step's token_shape (its layout's): floating tensors whose leading dims
+        # are these get "token_stats", one [Max, Min, Mean, Norm] per token row
+        self.token_shape = None
+        self.rows_deferred = None   # async_dump: (summary, TokenRows) fetched at the flush
         self.fresh = FreshBuffers()   # torch.empty buffers not yet written: recorded without values
         if config.async_dump:
             self.cache.deferred = []
+            self.rows_deferred = []
             writer.before_flush.append(self.fetch_deferred)
         self._said = LogOnce(log)
 
     def reset_step(self):
         self.stacks.clear()
         self.cache.clear()
+        self.token_shape = None
         self.fresh.clear()
 
     def fail(self, name, exc):
@@ -144,7 +151,23 @@ class EntryBuilder:
             t = local
         if self.md5:
             s["md5"] = stats.crc32(t)
+        if self.token_shape is not None and token_stats.matches(t, self.token_shape):
+            self.token_rows(t, s, summaries.cache)
         return s
+
+    def token_rows(self, t, s, cache):
+        """``s["token_stats"]`` of ``t``: at once on the CPU, at the flush on a device."""
+        if t.is_inference():   # never cached (no version counter): no lookup, no store
+            rows = token_stats.row_reductions(t, self.token_shape)
+        else:
+            rows = cache.lookup_rows(t)
+            if rows is None:
+                rows = token_stats.row_reductions(t, self.token_shape)
+                cache.store_rows(t, rows)
+        if rows.values is not None or rows.on_cpu or self.rows_deferred is None:
+            s["token_stats"] = rows.resolve()
+        else:
+            self.rows_deferred.append((s, rows))
 
     def describe(self, v, summaries, file_stem=None):
         """``v``'s dump.json form; ``file_stem`` names its tensor files (task tensor; a
@@ -182,7 +205,9 @@ class EntryBuilder:
 
     def save(self, t, file_stem):
         name = file_stem + self.ext
-        self.writer.add_tensor(name, self.host_copy(dtensor_layout.split(t)[0]))
+        t = dtensor_layout.split(t)[0]
+        self.writer.wait_for_room(t.numel() * t.element_size())   # the copy made once the queue has room
+        self.writer.add_tensor(name, self.host_copy(t))
         return name
 
     def fetch_deferred(self):
@@ -193,6 +218,12 @@ class EntryBuilder:
                 values = stats.fetch([r for _, _, r in pending])
             for (summary, _, _), v in zip(pending, values):
                 summary.update(zip(STAT_KEYS, v))
+        if self.rows_deferred:
+            rows, self.rows_deferred[:] = list(self.rows_deferred), []
+            with guard(), no_function_mode(), real_tensors():
+                token_stats.fetch_all([r for _, r in rows])
+            for summary, r in rows:
+                summary["token_stats"] = r.values
 
     # ---- backward -----------------------------------------------------------
     def grad_seen(self, g):

@@ -185,5 +185,7 @@ class OverflowCheck:
     def __exit__(self, *exc):
         self._interceptor.stop()
         self._writer.write_meta(self.collector.stacks.parts(), {})
+        if exc[0] is None:       # ran to its end: the dump is complete
+            self._writer.finish_step()
         self._writer.close()
         return False

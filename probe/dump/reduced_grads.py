@@ -30,8 +30,8 @@ from probe.hook_module.interceptor import guard
 from probe.hook_module.torch_function_off import no_function_mode
 from probe.log_once import LogOnce
 from probe.tensor_tree import flat_tensors
+from probe.torch_compat import FSDP2_NOT_ON_CPU, FSDP2_RUNS_ON_CPU, fsdp2_module_class, run_eagerly
 from probe.torch_compat import compiling as _is_compiling
-from probe.torch_compat import fsdp2_module_class, run_eagerly
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,10 @@ class ReducedGrads:
         if kind is None:
             return []
         self._said.warning(kind, _SEEN[kind])
+        if kind == FSDP2 and not FSDP2_RUNS_ON_CPU and _on_cpu(model):
+            # torch's own failure, at the first forward: said so that it is not taken for probe's
+            self._said.warning("fsdp2-cpu", "probe: %s: the first forward will fail inside torch's FSDP2, with or "
+                               "without probe", FSDP2_NOT_ON_CPU)
         said = self._said
 
         def on_error(exc):
@@ -114,6 +118,11 @@ class ReducedGrads:
                          "training is unaffected", kind, type(exc).__name__, exc)
         backward = _Backward(read, on_error)
         return [model.register_forward_hook(run_eagerly(_forward_hook(kind, backward)))]
+
+
+def _on_cpu(model) -> bool:
+    param = next(model.parameters(), None)
+    return param is not None and param.device.type == "cpu"
 
 
 def _forward_hook(kind, backward):

@@ -24,9 +24,11 @@ _PROBE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.se
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 # files in probe's folder that hold a user's model, not probe's machinery: their frames stay
 USER_FILES = frozenset({_PROBE_DIR + "demo.py"})
-# torch's function-mode plumbing: never the line that called the API
+# torch's function-mode plumbing: never the line that called the API (nor dynamo's
+# ``wrap_inline`` frame, the outermost of a compiled module's graph nodes on torch 2.6)
 TORCH_PLUMBING = tuple(_TORCH_DIR + p for p in (
-    "overrides.py", os.path.join("utils", "_python_dispatch.py"), os.path.join("utils", "_device.py")))
+    "overrides.py", os.path.join("utils", "_python_dispatch.py"), os.path.join("utils", "_device.py"),
+    os.path.join("_dynamo", "external_utils.py")))
 # ... and for reports of custom ops and backward passes, torch's op and autograd entry points
 TORCH_OP_PLUMBING = TORCH_PLUMBING + tuple(_TORCH_DIR + p for p in (
     "_ops.py", "_library" + os.sep, os.path.join("autograd", "__init__.py"), "_tensor.py",

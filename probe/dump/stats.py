@@ -42,6 +42,8 @@ _KINDS = {} if _cstats is None else {
 # Only tensors whose data_ptr() is their own memory: subclasses may wrap other storage.
 _PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 _STRIDED = torch.strided
+# an extension built before summarize_rows existed (not rebuilt since): torch's row reductions
+_summarize_rows = getattr(_cstats, "summarize_rows", None)
 if _cstats is not None:   # what its summary() needs: the common case's whole dict in C
     _cstats.setup(tuple(_PLAIN_TYPES), _KINDS, {dt: str(dt) for dt in _KINDS}, _STRIDED)
 
@@ -70,6 +72,20 @@ def reductions(t):
         if flat is not None and flat.size:
             return _cpu_float_summary(t, flat)
     return device_reductions(t)
+
+
+def row_summaries(t, rows):
+    """One [Max, Min, Mean, Norm] per row of ``t`` seen as ``[rows, -1]``, reduced in one
+    compiled pass exactly as ``reductions`` reduces a whole tensor, for a plain CPU tensor
+    of a floating dtype ``_cstats`` reads; None for every other tensor (the caller reduces
+    it with torch)."""
+    kind = _KINDS.get(t.dtype)
+    if (kind is None or _summarize_rows is None or not t.dtype.is_floating_point or type(t) not in _PLAIN_TYPES or not t.is_cpu
+            or t.layout is not _STRIDED or t.is_neg() or not t.numel()):
+        return None
+    if not t.is_contiguous():
+        t = t.detach().contiguous()
+    return _summarize_rows(t.data_ptr(), rows, t.numel() // rows, kind)
 
 
 def device_reductions(t):
@@ -213,6 +229,9 @@ class SummaryCache:
     """Summaries of tensors already seen this step, keyed by identity and version.
 
     Cleared at each step, so memory stays flat; a weakref proves the id was not reused.
+    An inference tensor (made under ``torch.inference_mode``) has no version counter: it is
+    never cached, since nothing would tell that it changed. Per-token statistics
+    (``probe.inference.token_stats``) are kept beside the summaries by the same rule.
     """
 
     deferred = None        # async_dump: a list of summaries whose numbers are fetched at flush
@@ -220,9 +239,11 @@ class SummaryCache:
 
     def __init__(self):
         self._entries = {}
+        self._rows = {}    # id -> (weakref, version, token_stats.TokenRows)
 
     def clear(self):
         self._entries.clear()
+        self._rows.clear()
 
     def summary(self, t):
         """dump.json's summary dict of ``t`` (type, dtype, shape, Max, Min, Mean, Norm,
@@ -233,10 +254,10 @@ class SummaryCache:
         return _cstats.summary(t, self._entries)
 
     def lookup(self, t):
-        hit = self._entries.get(id(t))
-        if hit is not None and hit[0]() is t and hit[1] == _version(t):
-            return hit[2]
-        return None
+        return _valid(self._entries.get(id(t)), t)
+
+    def lookup_rows(self, t):
+        return _valid(self._rows.get(id(t)), t)
 
     def forget(self, value):
         """Drop the summaries of ``value`` (a tensor or a list of them), which an in-place
@@ -244,25 +265,28 @@ class SummaryCache:
         one) leaves the version counter as it was, so the version alone cannot say so."""
         for t in value if isinstance(value, (list, tuple)) else (value,):
             self._entries.pop(id(t), None)
+            self._rows.pop(id(t), None)
             local = getattr(t, "_local_tensor", None)   # a DTensor: its shard is what was summarised
             if local is not None:
                 self._entries.pop(id(local), None)
 
     def store(self, t, value):
-        version = _version(t)
-        if version is None:   # an inference tensor: an in-place write would not show, never cached
-            return
-        try:
-            self._entries[id(t)] = (weakref.ref(t), version, value)
-        except TypeError:  # not weak-referenceable: just don't cache
-            pass
+        _store(self._entries, t, value)
+
+    def store_rows(self, t, rows):
+        _store(self._rows, t, rows)
 
 
-def _version(t):
-    """``t._version``; None for an inference tensor (made under ``torch.inference_mode``,
-    as vLLM's are), which has no version counter: reading it raises."""
+def _valid(hit, t):
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    return None
+
+
+def _store(entries, t, value):
+    if torch.is_inference(t):   # no version counter: a later in-place write could not be seen
+        return
     try:
-        return t._version
-    except RuntimeError:
-        return None
-
+        entries[id(t)] = (weakref.ref(t), t._version, value)
+    except TypeError:  # not weak-referenceable: just don't cache
+        pass

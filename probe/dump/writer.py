@@ -13,6 +13,14 @@ dump.json grows by appending: each flush writes over the closing braces the new 
 and the braces again, so the file is valid JSON after every flush and total I/O stays
 linear (msprobe rewrites the whole file every 1,000 entries).
 
+A dump says whether its step finished: the header carries ``"complete": false`` from the
+start, and the step's end (``finish_step``: the debugger's ``step()``, or ``close()``
+after ``stop()``) overwrites it in place with ``true `` once every entry is on disk (the
+same five bytes: nothing moves). A run killed mid-step (SIGKILL, OOM, a crash) leaves
+``false`` beside every entry flushed so far, still valid JSON; the compare then says the
+dump is incomplete and compares what is there. A step whose writes failed is never
+marked complete. msprobe's readers skip the key.
+
 Failure semantics (a full disk, an unwritable folder):
 * training goes on; one line is logged for the whole run (``_report``);
 * every dump.json on disk stays valid JSON holding its last complete flush: a write that
@@ -41,7 +49,9 @@ from probe.log_once import LogOnce
 
 log = logging.getLogger(__name__)
 
-_HEADER_KEYS = ("task", "level", "framework", "dump_data_dir", "math_modes")
+_HEADER_KEYS = ("task", "level", "framework", "dump_data_dir", "math_modes", "complete")
+_COMPLETE_KEY = b'"complete": '
+_DONE = b"true "              # written over the header's ``false``: the same length
 _FLUSH_ENTRIES = 2000
 _FLUSH_SECONDS = 1.0
 _MAX_PENDING_BYTES = 512 << 20
@@ -70,6 +80,10 @@ class _Meta(NamedTuple):
 
 class _Sync(NamedTuple):
     done: threading.Event
+
+
+class _Finish(NamedTuple):
+    pass
 
 
 class _Stop(NamedTuple):
@@ -171,7 +185,8 @@ class _StepFiles:
         self.rank_dir = rank_dir
         self.broken = False
         self.count = 0
-        header = dict(header)
+        self.replaced = False    # an earlier run's folder was here
+        header = dict(header, complete=False)
         if with_tensors:
             header["dump_data_dir"] = os.path.join(rank_dir, "dump_tensor_data")
         texts = (header_text({k: header.get(k) for k in _HEADER_KEYS}), b"{}", b"{}")
@@ -190,6 +205,7 @@ class _StepFiles:
                 os.rename(rank_dir, aside)
                 trash.append(aside)
                 os.rename(made, rank_dir)
+                self.replaced = True
         except BaseException:
             for fd in fds:
                 os.close(fd)
@@ -204,6 +220,7 @@ class _StepFiles:
         self.dump_path = os.path.join(rank_dir, "dump.json")
         self._fd = fds[0]
         self._size = len(texts[0])
+        self._complete_at = texts[0].rindex(_COMPLETE_KEY) + len(_COMPLETE_KEY)   # its ``false``
         # stack.json, construct.json: [fd, what they hold]
         self._meta = [[fd, text] for fd, text in zip(fds[1:], texts[1:])]
 
@@ -250,6 +267,16 @@ class _StepFiles:
             raise
         self._size = start + len(data) + len(FOOTER)
         self.count += count
+
+    def finish(self):
+        """Mark dump.json complete: every entry of the step is in it (not when a write failed)."""
+        if self.broken:
+            return
+        try:
+            _write_all(self._fd, _DONE, self._complete_at)
+        except BaseException:
+            self.broken = True
+            raise
 
     def write_tensor(self, file_name, array):
         if self.broken:
@@ -341,10 +368,24 @@ class DumpWriter:
             return
         size = array.nbytes
         with self._bytes_cv:
-            while self._bytes and self._bytes + size > _MAX_PENDING_BYTES:
-                self._bytes_cv.wait()
+            self._wait_room(size)
             self._bytes += size
         self._queue.put(_Tensor(file_name, array))
+
+    def wait_for_room(self, size):
+        """Wait until ``size`` more bytes fit in the queue: called before a tensor's host
+        copy is made, so that a tensor past the bound is copied once the copies before it
+        are on disk, not held beside them (two 1 GiB copies where one would do)."""
+        if _Process.pid != self._pid:
+            return
+        with self._bytes_cv:
+            self._wait_room(size)
+
+    def _wait_room(self, size):
+        while self._bytes and self._bytes + size > _MAX_PENDING_BYTES:
+            if not self._thread.is_alive():
+                return
+            self._bytes_cv.wait(0.5)
 
     def write_meta(self, stack_parts, construct_json):
         """stack.json (``StackTable.parts()``) and construct.json, after the entries so far."""
@@ -353,6 +394,16 @@ class DumpWriter:
             self._write_here(lambda files: files.write_meta(stack_parts, construct_json))
         else:
             self._queue.put(_Meta(stack_parts, construct_json))
+
+    def finish_step(self):
+        """The step's dump is complete: its entries so far are written, then its dump.json is
+        marked complete (``"complete": true``). Entries after it are still written (the
+        backward of a call after ``stop()``), but a step is finished once."""
+        self._flush_pending()
+        if self._direct:
+            self._write_here(lambda files: files.finish())
+        else:
+            self._queue.put(_Finish())
 
     def sync(self):
         """Block until everything is on disk."""
@@ -418,6 +469,13 @@ class DumpWriter:
         else:
             self._queue.put(_Entries(data, len(entries)))
 
+    def _said_replaced(self, rank_dir):
+        """A run into a used dump_path: said once, when the first old folder is replaced."""
+        step_dir = os.path.dirname(rank_dir)
+        self._said.warning("replaced", "probe: dump_path %s holds an earlier dump (%s): this run replaces each "
+                           "step folder of this rank that it dumps; the earlier run's other steps stay as they were",
+                           os.path.dirname(step_dir), os.path.join(os.path.basename(step_dir), os.path.basename(rank_dir)))
+
     def _report(self, exc):
         self._said.error("write", "probe: writing dump files failed (%s: %s); training goes on, each dump.json "
                         "keeps its last complete flush", type(exc).__name__, exc)
@@ -451,11 +509,16 @@ class DumpWriter:
                         self._current = _StepFiles(item.rank_dir, self.header, item.with_tensors, trash)
                     finally:
                         self._opened.set()
+                    if self._current.replaced:
+                        self._said_replaced(item.rank_dir)
                 elif kind is _Meta:
                     if current is not None:
                         current.write_meta(item.stack_parts, item.construct)
                 elif kind is _Sync:
                     item.done.set()
+                elif kind is _Finish:
+                    if current is not None:
+                        current.finish()
                 elif kind is _Stop:
                     self._current = None
                     if current is not None:
@@ -467,3 +530,6 @@ class DumpWriter:
                     shutil.rmtree(trash.pop(), ignore_errors=True)
             except Exception as exc:  # never kill the thread: report once, keep going
                 self._report(exc)
+            # Not held while waiting for the next item: a written tensor's host copy (1 GiB
+            # for a 1 GiB tensor) is freed now, not when the next item arrives.
+            item = current = None

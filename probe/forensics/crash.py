@@ -41,6 +41,13 @@ from probe.forensics.evidence import (
 )
 from probe.tensor_tree import keyed_tensors
 
+_inference_mode = torch.is_inference_mode_enabled
+
+
+def _version(t):
+    """``t._version``; None for an inference tensor, which has no version counter."""
+    return None if t.is_inference() else t._version
+
 MAX_DUMPS = 20          # per process: a loop that catches an API's error must not fill the disk
 
 
@@ -62,14 +69,20 @@ class CrashDump(_hub.Feature):
     def before(self, call):
         if self.capture_inputs:
             found = _tensors(call)
-            return [(key, t, t._version, cpu_copy(t)) for key, t in found] or None
+            return [(key, t, _version(t), cpu_copy(t)) for key, t in found] or None
         return self.before_fast(call.args)
 
     @staticmethod
     def before_fast(args):
         """Runs on every call: only the versions, to tell later whether the failing call
         modified a tensor before raising."""
-        return {id(a): a._version for a in args if isinstance(a, torch.Tensor)}
+        if not _inference_mode():
+            try:
+                return {id(a): a._version for a in args if isinstance(a, torch.Tensor)}
+            except RuntimeError:   # an inference tensor used outside inference_mode
+                pass
+        # an inference tensor has no version counter: reading it raises, ~50 us a call
+        return {id(a): a._version for a in args if isinstance(a, torch.Tensor) and not a.is_inference()}
 
     def failed(self, call, state, exc):
         if len(self.written) >= self.max_dumps:
@@ -80,7 +93,7 @@ class CrashDump(_hub.Feature):
         self._seen.add(key)
         if not isinstance(state, list):
             versions = state or {}
-            state = [(k, t, versions.get(id(t), t._version), None) for k, t in _tensors(call)]
+            state = [(k, t, versions[id(t)] if id(t) in versions else _version(t), None) for k, t in _tensors(call)]
         folder = self._save(call, state, exc)
         self.written.append(folder)
         log.warning("probe: %s raised %s; its inputs, stack and a repro script are in %s",
@@ -103,7 +116,7 @@ class CrashDump(_hub.Feature):
                 try:
                     copy = cpu_copy(t)
                     info["copied"] = "after the failure"
-                    if t._version != version:
+                    if version is not None and t._version != version:
                         info["modified_in_place"] = True
                         notes.append(f"{key} was modified in place by the failing call: "
                                      "the saved values are after the call")

@@ -18,6 +18,7 @@ dump there are no values: the script draws inputs with the recorded shape, dtype
 The inputs are bundled next to the script rather than read from the dump, so the pair
 of files can be copied to another machine as they are.
 """
+import ast
 import math
 import os
 import re
@@ -27,9 +28,11 @@ import torch
 
 from probe.compare.dump_tree import find_dumps
 from probe.compare.reader import read_dump
+from probe.compare.tensors import load as _load_data
 from probe.compare.tensors import resolve as _resolve_data
 from probe.errors import ConfigError
 from probe.vocabulary import BACKWARD, FORWARD, MAX, MEAN, MIN, parse_entry_name
+from probe.written_whole import replaced_when_written
 
 _PREFIX_EXPR = {
     "Functional": "torch.nn.functional.{}",
@@ -40,6 +43,9 @@ _PREFIX_EXPR = {
     "Aten": "torch.ops.aten.{}",
 }
 DEVICES = ("cpu", "cuda", "npu")
+# The script's code holds an entry's API as a Python expression: only identifiers between
+# dots go there; everything else from a dump goes through repr (``_lit``) or ``_show``.
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z").match
 
 
 def parse_entry(name):
@@ -59,10 +65,15 @@ def api_expr(api):
         raise ConfigError(f"{api}: a distributed API needs its process group; a one-process repro cannot rerun it")
     if prefix == "Custom":
         ns, _, op = rest.partition(".")
+        if not (_IDENT(ns) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?", op)):
+            raise ConfigError(f"{api!r}: a custom op is named Custom.namespace.op[.overload] "
+                              "(letters, digits, underscores)")
         return f"torch.ops.{ns}.{op}"
     fmt = _PREFIX_EXPR.get(prefix)
-    if fmt is None or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", rest):
-        raise ConfigError(f"{api}: unknown API prefix {prefix!r} (known: {', '.join(_PREFIX_EXPR)}, Custom)")
+    if fmt is None:
+        raise ConfigError(f"{api!r}: unknown API prefix {prefix!r} (known: {', '.join(_PREFIX_EXPR)}, Custom)")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", rest):
+        raise ConfigError(f"{api!r}: not an API name (letters, digits and underscores between dots)")
     return fmt.format(rest)
 
 
@@ -94,23 +105,16 @@ def _torch_dtype(name):
 def load_tensor(data_dir, desc):
     """The dumped tensor of ``desc`` as a CPU tensor with its recorded dtype, or None.
 
-    .npy: ``np.load(allow_pickle=False)``; .pt: ``torch.load(map_location="cpu",
-    weights_only=True)``; a data_name that would leave ``data_dir`` is refused.
+    Read by ``probe.compare.tensors.load`` (no pickle, a regular file inside ``data_dir``,
+    .pt only on torch >= 2.6); a data_name that would leave ``data_dir`` is refused.
     """
     name = desc.get("data_name")
     if not name:
         return None
     path = _resolve_data(data_dir, name)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         return None
-    if path.endswith(".npy"):
-        t = torch.from_numpy(np.array(np.load(path, allow_pickle=False)))
-    elif path.endswith(".pt"):
-        t = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(t, torch.Tensor):
-            raise ConfigError(f"{name} does not hold a tensor")
-    else:
-        raise ConfigError(f"unknown tensor file type: {name}")
+    t = torch.from_numpy(np.array(_load_data(path)))      # a FIFO, a pickle, torch < 2.6's .pt: DumpError
     t = t.detach()
     dtype = _torch_dtype(desc.get("dtype"))
     if dtype is not None and t.dtype != dtype:
@@ -137,10 +141,11 @@ class _Plan:
         try:
             t = load_tensor(self.data_dir, desc)
         except ValueError as exc:
-            self.notes.append(f"{key}: {exc}; synthesised instead")
+            self.notes.append(f"{_show(key)}: {_show(str(exc))}; synthesised instead")
         if t is not None:
             if meta["shape"] is not None and list(t.shape) != list(meta["shape"]):
-                self.notes.append(f"{key}: file shape {list(t.shape)} differs from dump.json's {meta['shape']}")
+                self.notes.append(f"{_show(key)}: file shape {list(t.shape)} differs from dump.json's "
+                                  f"{_short(meta['shape'])}")
                 meta["shape"] = list(t.shape)
             self.data[key] = t
             meta["synthetic"] = False
@@ -170,19 +175,19 @@ class _Plan:
             return "slice(" + ", ".join(_lit(v) for v in value) + ")"
         if kind == "torch.Size":
             return f"torch.Size({_lit(value)})"
-        if kind == "torch.dtype" and _torch_dtype(value) is not None:
+        if kind == "torch.dtype" and _torch_dtype(value) is not None and _IDENT(str(value).replace("torch.", "")):
             return "torch." + str(value).replace("torch.", "")
         if kind == "torch.device":
             return "'cpu'" if str(value).startswith("cpu") else device_var
         if kind == "torch.memory_format":
             fmt = desc.get("format") or str(value)
-            fmt = fmt.replace("torch.", "")
-            if isinstance(getattr(torch, fmt, None), torch.memory_format):
+            fmt = str(fmt).replace("torch.", "")
+            if _IDENT(fmt) and isinstance(getattr(torch, fmt, None), torch.memory_format):
                 return f"torch.{fmt}"
         if kind == "ellipsis":
             return "..."
-        self.notes.append(f"argument {key} ({kind}: {str(value)[:60]}) cannot be rebuilt from the dump; "
-                          "None is passed: edit the script")
+        self.notes.append(f"argument {_show(key)} ({_short(kind)}: {_short(value)}) cannot be rebuilt from "
+                          "the dump; None is passed: edit the script")
         return "None"
 
 
@@ -195,6 +200,44 @@ def _flat_descs(descs, prefix, out):
         else:
             out.append((key, d if isinstance(d, dict) and d.get("type") == "torch.Tensor" else None))
     return out
+
+
+def _show(text) -> str:
+    """A text from the dump as the script's header shows it: as it is where it is plain
+    (printable, no quote or backslash), else its repr; never more than one line."""
+    text = str(text)
+    if text.isprintable() and not any(c in text for c in "\"'\\"):
+        return text
+    return repr(text)
+
+
+def _short(value, width: int = 60) -> str:
+    """A value of the dump for a note: a plain text as it is, anything else as its repr
+    (``_show``), cut to ``width`` characters."""
+    text = _show(value) if isinstance(value, str) else repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def docstring_literal(text: str) -> str:
+    """``text`` as a triple-quoted Python literal that reads back as exactly ``text``
+    (checked): backslashes, quotes that could close it and unprintable characters (lone
+    surrogates among them) escaped, line breaks kept so that the header stays readable.
+    Whatever a dump's names and values hold, they stay inside the docstring."""
+    out = []
+    for k, c in enumerate(text):
+        if c == "\\":
+            out.append("\\\\")
+        elif c == '"':
+            out.append('\\"' if text[k + 1:k + 2] in ('"', "") else c)
+        elif c == "\n" or c.isprintable():
+            out.append(c)
+        else:
+            code = ord(c)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    literal = '"""' + "".join(out) + '"""'
+    if ast.literal_eval(literal) != text:      # cannot happen: escaping above is complete
+        raise AssertionError("docstring escaping failed")
+    return literal
 
 
 def _lit(v):
@@ -279,12 +322,17 @@ def generate(dump_dir, api, device="cpu", output=None):
     output = os.path.abspath(output)
     os.makedirs(os.path.dirname(output), exist_ok=True)
     bundle = os.path.splitext(output)[0] + ".pt"
-    torch.save({k: v.contiguous() if v.layout == torch.strided else v for k, v in plan.data.items()}, bundle)
+    with replaced_when_written(bundle) as tmp:
+        torch.save({k: v.contiguous() if v.layout == torch.strided else v for k, v in plan.data.items()}, tmp)
     inplace = _is_inplace(api_name)
-    text = _SCRIPT.format(
-        entry=entry, api=api_name, source=os.path.abspath(dump_json), device=device,
+    doc = _HEADER.format(
+        entry=_show(entry), api=_show(api_name), source=_show(os.path.abspath(dump_json)), device=device,
         header_inputs=_header_inputs(plan, synthetic),
         notes="".join(f"\n  - {n}" for n in plan.notes) or " none",
+        what=("runs forward, then backward with the dumped gradients of its outputs,"
+              if kind == "backward" else "runs it forward,"))
+    text = _SCRIPT.format(
+        doc=docstring_literal(doc), entry=entry, device=device,
         npu_import=("import torch_npu  # noqa: F401  (target device: npu)\n"
                     if device.startswith("npu") or api_name.startswith("NPU.") else ""),
         func=func_expr, bundle=os.path.basename(bundle),
@@ -294,11 +342,11 @@ def generate(dump_dir, api, device="cpu", output=None):
         grad_outputs=_lit([k if d is not None else None for k, d in grad_out]),
         grad_inputs=_lit([k if d is not None else None for k, d in grad_in]),
         slots=_lit(plan.slots), backward=kind == "backward", inplace=inplace,
-        what=("runs forward, then backward with the dumped gradients of its outputs,"
-              if kind == "backward" else "runs it forward,"),
         metrics=SCRIPT_METRICS)
-    with open(output, "w", encoding="utf-8") as f:
-        f.write(text)
+    compile(text, output, "exec")          # a script that does not parse is never written
+    with replaced_when_written(output) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
     return output
 
 
@@ -314,8 +362,8 @@ def _header_inputs(plan, synthetic):
     if not synthetic:
         return ("Inputs: the dumped values (bundled in the .pt file next to this script)."
                 if inputs else "Inputs: no tensor inputs.")
-    real = [k for k in inputs if k not in synthetic]
-    return ("SYNTHETIC INPUTS: the dump holds statistics only for " + ", ".join(synthetic) + ".\n"
+    real = [_show(k) for k in inputs if k not in synthetic]
+    return ("SYNTHETIC INPUTS: the dump holds statistics only for " + ", ".join(map(_show, synthetic)) + ".\n"
             "They are drawn at random with the recorded shape, dtype and [min, max] range (seed 0);\n"
             "the result cannot match the dumped values: compare its statistics, and the float64 run."
             + (f"\nDumped values are used for: {', '.join(real)}." if real else ""))
@@ -379,8 +427,9 @@ def metrics(actual, expected):
     return m
 '''
 
-_SCRIPT = '''#!/usr/bin/env python3
-"""Repro of {entry}, written by probe from
+# The script's docstring, as text: it goes into the script through docstring_literal,
+# which escapes whatever the dump's names, values and paths hold.
+_HEADER = """Repro of {entry}, written by probe from
 {source}
 
 Calls {api} alone on --device (default {device}) with the inputs of that call:
@@ -393,6 +442,9 @@ Notes:{notes}
 
 Run:  python3 THIS_FILE [--device cpu|cuda|npu]
 """
+
+_SCRIPT = '''#!/usr/bin/env python3
+{doc}
 import argparse
 import math
 import os

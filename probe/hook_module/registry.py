@@ -80,12 +80,17 @@ class ResolvedRegistry:
     absent: list = field(default_factory=list)      # "section.name" not present in this torch
 
 
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_registry(path=None):
     """Load and check the YAML; any problem is a one-line ConfigError naming the file."""
     path = path or DEFAULT_YAML
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            # libyaml's safe loader where PyYAML was built with it: 0.06 s against 0.6 s for
+            # the registry's 2,600 lines, paid by every PrecisionDebugger(...)
+            data = yaml.load(f, Loader=_SAFE_LOADER)
     except FileNotFoundError:
         raise ConfigError(f"wrap_ops_yaml: file not found: {path}") from None
     except yaml.YAMLError as exc:

@@ -95,7 +95,7 @@ class Loader:
                 path = tensor_files.resolve(self.data_dir, name)
             except ValueError as exc:
                 raise Unrebuildable(str(exc)) from None
-            if os.path.isfile(path):
+            if os.path.lexists(path):      # (a FIFO or a directory there: refused by load, not synthesised)
                 try:
                     arr = tensor_files.load(path)
                 except (ValueError, OSError, RuntimeError) as exc:

@@ -86,7 +86,7 @@ def _tensor_state(desc, data_dir):
         return None
     values = [desc.get(k) for k in (MAX, MIN)]
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        if all(math.isfinite(v) for v in values):
+        if all(isinstance(v, int) or math.isfinite(v) for v in values):    # (an int of 400 digits is finite)
             return None
         return "NaN" if any(math.isnan(v) for v in values) else "Inf"
     name = desc.get("data_name")

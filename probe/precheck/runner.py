@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from probe.cli_options import require_device
 from probe.compare.reader import DumpMeta, read_dump
+from probe.compare.tensors import data_folder
 from probe.errors import ConfigError
 from probe.precheck.entries import DROPOUT_ARGS, ApiEntry, parse_name, resolve_api
 from probe.precheck.inputs import Loader, Unrebuildable, flat_outputs, flat_tensors, is_tensor_desc, torch_dtype
@@ -358,9 +359,7 @@ def _run_ut(dump_json, out_dir, device, white_list, black_list, resume, progress
             continue
         slot = calls.setdefault(api.base, {"api": api})
         slot[api.direction] = entry
-    data_dir = os.path.join(os.path.dirname(os.path.abspath(path)), "dump_tensor_data")
-    if not os.path.isdir(data_dir) and meta.dump_data_dir and os.path.isdir(meta.dump_data_dir):
-        data_dir = meta.dump_data_dir
+    data_dir = data_folder(path, meta.dump_data_dir)     # inside the dump's folder (or None)
 
     done = {}
     if resume:
@@ -378,7 +377,7 @@ def _run_ut(dump_json, out_dir, device, white_list, black_list, resume, progress
                 csv.writer(fh).writerow(cols)
 
     todo = [(base, slot) for base, slot in calls.items() if base not in done]
-    checker = Checker(data_dir if os.path.isdir(data_dir) else None, device)
+    checker = Checker(data_dir, device)
     from tqdm import tqdm
     apis = []
     with open(result_csv, "a", newline="", encoding="utf-8") as rfh, \

@@ -12,11 +12,14 @@ import time
 
 import torch
 
+from probe import torch_compat
+from probe.errors import ConfigError
 from probe.toolbox import base
 from probe.toolbox.autocompare import golden_dtype, golden_inputs
 from probe.toolbox.capture import decode, flat_input_slots
 from probe.toolbox.golden_check import compare
 from probe.toolbox.options import Tolerances
+from probe.untrusted import open_file
 
 
 def find_calls(root):
@@ -33,9 +36,16 @@ def find_calls(root):
 
 
 def _load(path):
+    """A capture's saved tensors: a regular file, loaded only where weights_only=True is
+    safe (torch >= 2.6, CVE-2025-32434); else one ConfigError line."""
     if not os.path.exists(path):
         return {}
-    return torch.load(path, map_location="cpu", weights_only=True)
+    if not torch_compat.SAFE_WEIGHTS_ONLY:
+        raise ConfigError(f"{path}: refused to load a .pt file with torch {torch.__version__}: "
+                          "torch.load(weights_only=True) can run code from a crafted file before "
+                          "torch 2.6 (CVE-2025-32434); upgrade torch to replay captures")
+    with open_file(path) as fh:
+        return torch.load(fh, map_location="cpu", weights_only=True)
 
 
 def _timed(prepare, run, device, times):

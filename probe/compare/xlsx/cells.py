@@ -15,6 +15,18 @@ import orjson
 _ILLEGAL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 _ILLEGAL_BUT_NUL = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f]")   # NUL separates joined cells
 _EDGE_SPACE = re.compile(r"\s\x00|\x00\s")
+# A text a spreadsheet could take for a formula: one that starts with = + - @ (or a tab or
+# CR before them). OWASP's CSV-injection advice: such a cell gets a leading apostrophe, in
+# the CSV and in the workbook alike (a workbook re-saved as CSV keeps it). Numbers are
+# numbers, not texts: a negative one is written as it is.
+FORMULA_LEADS = frozenset("=+-@\t\r")
+
+
+def _formula_lead(joined: str) -> bool:
+    """Whether a text of ``joined`` (texts joined by NUL) starts as a formula could. Each
+    character is looked for alone first (memchr: ~1 us for a chunk of names), with its NUL
+    only where it is there at all (a regex over the chunk took ~200x as long)."""
+    return joined[:1] in FORMULA_LEADS or any(c in joined and "\x00" + c in joined for c in FORMULA_LEADS)
 # A cell is "<c" + its style attribute + one of these bodies.
 _EMPTY = "/>"
 _NUM = "><v>%s</v></c>"
@@ -40,7 +52,7 @@ class SharedStrings:
         """The cell body (after the style attribute) referring to ``text``."""
         cell = self.cells.get(text)
         if cell is None:
-            inline = text_body(text)                     # the same escaping / truncation
+            inline = text_body(neutral(text))            # the same escaping / truncation
             t = inline[inline.index("<t"):inline.rindex("</is>")]
             cell = self.cells[text] = _SST_CELL % len(self.items)
             self.items.append("<si>%s</si>" % t)
@@ -51,6 +63,22 @@ class SharedStrings:
         return ('<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
                 '<sst xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" '
                 f'uniqueCount="{n}">' + "".join(self.items) + "</sst>")
+
+
+def neutral(text: str) -> str:
+    """A text cell's text: with a leading apostrophe where it could start a formula."""
+    return "'" + text if text[:1] in FORMULA_LEADS else text
+
+
+def neutral_texts(texts: list, joined: str | None = None) -> list:
+    """``neutral`` of each text; the list itself where none needs it. ``joined``: the
+    texts joined with nothing between them, where the caller has it: a column with none
+    of the characters at all (names) is told from it alone."""
+    if joined is None:
+        joined = "".join(texts)
+    if not any(c in joined for c in FORMULA_LEADS) or not _formula_lead("\x00".join(texts)):
+        return texts
+    return [neutral(t) for t in texts]
 
 
 def col_letter(i: int) -> str:
@@ -95,7 +123,7 @@ def cell_body(value) -> str:
         return _NUM % value
     if isinstance(value, (int, float)):          # numpy scalars
         return cell_body(float(value))
-    return text_body(str(value))
+    return text_body(neutral(str(value)))
 
 
 def encode_column(col: list, sst: SharedStrings | None = None) -> tuple[list, list]:
@@ -237,7 +265,7 @@ def _plain_texts(col: list) -> list | None:
         return None
     if " " in joined and any(t[:1] == " " or t[-1:] == " " for t in col):
         return None
-    return col
+    return neutral_texts(col, joined)
 
 
 def _str_column(col: list, has_none: bool) -> tuple[list, list]:
@@ -245,6 +273,9 @@ def _str_column(col: list, has_none: bool) -> tuple[list, list]:
     big = "\x00".join(texts)
     if big.count("\x00") != len(col) - 1:            # a cell holds NUL itself: cell by cell
         return list(map(cell_body, col)), list(map(csv_field, col))
+    if _formula_lead(big):
+        texts = list(map(neutral, texts))
+        big = "\x00".join(texts)
     plain_csv = "," not in big and '"' not in big and "\n" not in big and "\r" not in big
     fields = texts if plain_csv else list(map(csv_field, texts))
     printable = "".join(texts).isprintable()     # then no control characters, no space but " "
@@ -275,7 +306,12 @@ def csv_field(value) -> str:
     has it (``float_texts``)."""
     if type(value) is float and value - value == 0:
         return orjson.dumps(value).decode()
-    text = "" if value is None else str(value)
+    if value is None:
+        text = ""
+    elif isinstance(value, (int, float, np.number, np.bool_)):   # inf, nan: numbers, not formulas
+        text = str(value)
+    else:
+        text = neutral(str(value))
     if "," in text or '"' in text or "\n" in text or "\r" in text:
         return '"' + text.replace('"', '""') + '"'
     return text

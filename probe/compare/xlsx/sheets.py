@@ -5,8 +5,11 @@ threads; no processes: one compare of one pair is one process)."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import csv
+import dataclasses
 import io
+import logging
 import os
 import sys
 import types
@@ -15,8 +18,13 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from probe import lone_surrogates
+from probe.written_whole import replaced_when_written
+
 from .cells import SharedStrings, col_letter, encode_rows, esc, shared_texts
 from .chart import write_charts
+
+logger = logging.getLogger(__name__)
 
 deflate_lib: types.ModuleType
 try:                # ISA-L's deflate: a quarter of zlib's time at level 1, files as small
@@ -32,6 +40,9 @@ _FILL_RGB = {"error": "FFFFC7CE", "warning": "FFFFEB9C"}
 _FILLS = {None: 0, "error": 1, "warning": 2}
 _XF_HEADER, _XF_WRAP, _XF_LINK = 6, 7, 8
 ROW_STYLES = (None, "error", "warning", "link")     # what Sheet.row_styles may hold
+# Excel's rows per sheet, the header's included: a sheet with more rows is written as
+# several sheets ("name", "name (2)", ...), each with the header; its CSV holds them all.
+EXCEL_MAX_ROWS = 1_048_576
 
 
 @dataclass
@@ -57,6 +68,53 @@ class Sheet:
         """A small sheet given row by row."""
         cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in header]
         return cls(name, header, cols, *args, **kw)
+
+
+def rows_per_sheet() -> int:
+    """Data rows a sheet holds (Excel's row limit, less the header)."""
+    return EXCEL_MAX_ROWS - 1
+
+
+def part_names(name: str, n_rows: int) -> list:
+    """The names of the sheets that a sheet of ``n_rows`` data rows is written as."""
+    parts = max(1, -(-n_rows // rows_per_sheet()))
+    return [name] + [f"{name} ({k})" for k in range(2, parts + 1)]
+
+
+def row_link(name: str, row: int) -> str:
+    """The location of data row ``row`` (0-based) of sheet ``name`` once it is split:
+    ``'name (2)'!A17``."""
+    k, r = divmod(row, rows_per_sheet())
+    return f"'{part_names(name, row + 1)[k]}'!A{r + 2}"
+
+
+def split_note(name: str, n_rows: int) -> str | None:
+    """What a compare says where sheet ``name`` is split, or None where it fits."""
+    names = part_names(name, n_rows)
+    if len(names) == 1:
+        return None
+    return (f"{n_rows} rows are past Excel's {EXCEL_MAX_ROWS:,} rows a sheet: the workbook splits them "
+            f"over {len(names)} sheets ({', '.join(names)}); the CSV holds them all")
+
+
+def _parts(sheet: Sheet) -> list:
+    """``sheet`` as the sheets it is written as (itself where it fits): each a slice of
+    its rows; the first keeps its charts, links and being the active one."""
+    n = len(sheet.columns[0]) if sheet.columns else 0
+    names = part_names(sheet.name, n)
+    if len(names) == 1:
+        return [sheet]
+    size = rows_per_sheet()
+    parts = []
+    for k, name in enumerate(names):
+        lo, hi = k * size, min(n, (k + 1) * size)
+        parts.append(dataclasses.replace(
+            sheet, name=name, columns=[c[lo:hi] for c in sheet.columns],
+            row_styles=sheet.row_styles[lo:hi] if sheet.row_styles else None,
+            row_heights=sheet.row_heights[lo:hi] if sheet.row_heights else None,
+            charts=sheet.charts if k == 0 else [], links=sheet.links if k == 0 else [],
+            active=sheet.active and k == 0, csv_path=None))
+    return parts
 
 
 def _styles_xml() -> str:
@@ -235,8 +293,17 @@ def _deflate_in_parallel(fh, level: int) -> _ParallelDeflate | None:
     return fh._compressor
 
 
+def _without_surrogates(column):
+    """A column's texts with their lone surrogates replaced (numbers as they are)."""
+    if not isinstance(column, list):
+        return column
+    return [lone_surrogates.replace(v) if type(v) is str else v for v in column]
+
+
 def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrings | None = None,
-                 progress=None) -> None:
+                 progress=None, csv_fh: _WriteBehind | None = None) -> bool:
+    """Write one sheet (its rows also to ``csv_fh``, the CSV's writer, where given);
+    whether texts with lone surrogates were replaced to encode them."""
     ncol = len(sheet.header)
     letters = [col_letter(i) for i in range(ncol)]
     n = len(sheet.columns[0]) if sheet.columns else 0
@@ -262,27 +329,23 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
         parts.append("</row>")
         fh.write("".join(parts).encode("utf-8"))
         prefixes, shared = _prefixes(sheet), _shared_tables(sheet, sst)
-        with_csv = sheet.csv_path is not None
-        csv_fh = _WriteBehind(open(sheet.csv_path, "wb")) if sheet.csv_path is not None else None
-        try:
+        replaced = False
+        for lo in range(0, n, CHUNK_ROWS):
+            hi = min(n, lo + CHUNK_ROWS)
+            columns = [c[lo:hi] for c in sheet.columns]
+            styles = sheet.row_styles[lo:hi] if sheet.row_styles else None
+            heights = sheet.row_heights[lo:hi] if sheet.row_heights else None
+            try:
+                xml, text = encode_rows(columns, styles, lo, prefixes, shared, csv_fh is not None, heights)
+            except UnicodeEncodeError:        # a lone surrogate: UTF-8 has no such character
+                xml, text = encode_rows(list(map(_without_surrogates, columns)), styles, lo, prefixes,
+                                        shared, csv_fh is not None, heights)
+                replaced = True
+            fh.write(xml)
             if csv_fh:
-                head = io.StringIO(newline="")
-                csv.writer(head).writerow(sheet.header)
-                csv_fh.write(head.getvalue().encode("utf-8"))
-            for lo in range(0, n, CHUNK_ROWS):
-                hi = min(n, lo + CHUNK_ROWS)
-                xml, text = encode_rows([c[lo:hi] for c in sheet.columns],
-                                        sheet.row_styles[lo:hi] if sheet.row_styles else None, lo,
-                                        prefixes, shared, with_csv,
-                                        sheet.row_heights[lo:hi] if sheet.row_heights else None)
-                fh.write(xml)
-                if csv_fh:
-                    csv_fh.write(text)
-                if progress is not None:
-                    progress(hi - lo)
-        finally:
-            if csv_fh:
-                csv_fh.close()
+                csv_fh.write(text)
+            if progress is not None:
+                progress(hi - lo)
         tail = ["</sheetData>"]
         if sheet.autofilter and ncol:
             tail.append(f'<autoFilter ref="A1:{letters[-1]}{max(n + 1, 1)}"/>')
@@ -297,19 +360,51 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
             tail.append('<drawing r:id="rId1"/>')
         tail.append("</worksheet>")
         fh.write("".join(tail).encode("utf-8"))
+    return replaced
 
 
-def write_workbook(path: str, sheets, progress=None) -> None:
+def _open_csv(path: str, header: list, files: contextlib.ExitStack) -> _WriteBehind:
+    """The CSV of a sheet, written whole or not at all, its header written."""
+    tmp = files.enter_context(replaced_when_written(path))
+    out = _WriteBehind(open(tmp, "wb"))
+    files.callback(out.close)        # closed before it is renamed (callbacks run in reverse)
+    head = io.StringIO(newline="")
+    csv.writer(head).writerow(header)
+    out.write(head.getvalue().encode("utf-8"))
+    return out
+
+
+def write_workbook(path: str, sheets, progress=None) -> list:
     """Write ``sheets`` (Sheet objects, or an iterator that makes them one at a time) to
-    ``path``.  ``progress``: called with the number of rows written after each chunk."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=COMPRESS_LEVEL) as zf:
-        sst = SharedStrings()
-        done = []
-        for sheet in sheets:
-            done.append(sheet)
-            _write_sheet(zf, len(done), sheet, sst, progress)
-        zf.writestr("xl/sharedStrings.xml", sst.xml())
-        _write_parts(zf, done)
+    ``path``, and each sheet's CSV where it has a ``csv_path``; return the names of the
+    sheets written (a sheet past Excel's row limit is several: ``part_names``). Nothing is
+    left half-written: each file is renamed to its name when complete (written_whole).
+    ``progress``: called with the number of rows written after each chunk."""
+    replaced = False
+    with contextlib.ExitStack() as files:
+        tmp = files.enter_context(replaced_when_written(path))
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=COMPRESS_LEVEL) as zf:
+            sst = SharedStrings()
+            done: list = []
+            for sheet in sheets:
+                csv_fh = _open_csv(sheet.csv_path, sheet.header, files) if sheet.csv_path is not None else None
+                parts = _parts(sheet)
+                if len(parts) > 1:
+                    logger.warning("probe: the workbook's sheet %s: %s", sheet.name,
+                                   split_note(sheet.name, len(sheet.columns[0])))
+                for part in parts:
+                    done.append(part)
+                    replaced |= _write_sheet(zf, len(done), part, sst, progress, csv_fh)
+            xml = sst.xml()
+            try:
+                data = xml.encode("utf-8")
+            except UnicodeEncodeError:
+                data, replaced = lone_surrogates.replace(xml).encode("utf-8"), True
+            zf.writestr("xl/sharedStrings.xml", data)
+            _write_parts(zf, done)
+    if replaced:
+        lone_surrogates.say_replaced(os.path.dirname(os.path.abspath(path)))
+    return [s.name for s in done]
 
 
 def _write_parts(zf: zipfile.ZipFile, sheets: list) -> None:
