@@ -97,6 +97,9 @@ def test_each_engine_step_is_a_dump_with_vllms_kernels(batched):
                 "Custom._C.greedy_argmax", "Functional.embedding"} <= names, sorted(names)
         linears = [v for k, v in data.items() if k.startswith("Custom._C.onednn_mm.")]
         assert all(v["output"][0]["Max"] is not None for v in linears)   # statistics under inference_mode
+        n_tokens = data["Functional.embedding.0.forward"]["input_args"][0]["shape"][0]
+        rows = linears[0]["input_args"][1]   # the hidden states: one [Max, Min, Mean, Norm] per token row
+        assert rows["shape"][0] == n_tokens and len(rows["token_stats"]) == n_tokens
         attn = data["Custom.vllm.unified_attention_with_output.0.forward"]
         assert attn["input_args"][3]["uninitialized"] is True     # the torch.empty output buffer
         assert attn["output"][0]["Max"] is not None               # what the kernel wrote into it

@@ -215,6 +215,8 @@ class EngineSteps:
             _said.warning("layout", "probe: no token layout for vLLM's steps (%s: %s)", type(exc).__name__, exc)
         self.model = getattr(runner, "model", None)
         self.resume()
+        if self.rows is not None:   # now: statistics mode gives the step's records token_stats by it
+            self._safely("layout", lambda: self.debugger.set_step_layout(make_layout(self.rows, self.prompts, None)))
 
     def pause(self):
         if self.dumping:
