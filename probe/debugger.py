@@ -292,6 +292,10 @@ class PrecisionDebugger:
         self._draws = DrawHandler(self.forensics, self.config.random_from)
         handler = self._draws if self._draws.active else self.forensics
         self._interceptor = Interceptor(with_custom_ops(self.registry), handler)
+        fresh = getattr(getattr(self._collector, "entries", None), "fresh", None)
+        if fresh is not None and level in ("L1", "mix"):   # empty buffers: recorded without values
+            from probe.dump.fresh_buffers import ALLOCATORS
+            self._interceptor.watch_allocations(ALLOCATORS, fresh.allocated)
         if level in ("L1", "mix") and self.config.task != "overflow_check" and self._compile_hook is None:
             # registered APIs inside torch.compile'd graphs, from the next compile on
             if self._construct is None:    # L1: construct.json holds the compiled graphs' entries only

@@ -39,6 +39,7 @@ SECTION_PREFIX = {
     "distributed": "Distributed",
     "_VF": "VF",
     "aten": "Aten",
+    "custom": "Custom",      # torch.ops operators outside torch (hook_module/custom_ops.py)
 }
 PREFIX_SECTION = {prefix: section for section, prefix in SECTION_PREFIX.items()}
 MODULE = "Module"            # a module's entries

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import get_overridable_functions
 
-SECTIONS = ("functional", "tensor", "torch", "_VF", "distributed", "torch_npu", "aten")
+SECTIONS = ("functional", "tensor", "torch", "_VF", "distributed", "torch_npu", "aten", "custom")
 
 # ---------------------------------------------------------------------------
 # Exclusions. Each list: names that must never be dumped, and why.
@@ -366,6 +366,7 @@ def build():
         "distributed": sorted(set(DISTRIBUTED)),
         "torch_npu": sorted(set(TORCH_NPU)),
         "aten": aten_names(set(functional) | set(tensor) | set(torch_)),
+        "custom": ['"*"'],   # every torch.ops namespace torch does not ship (hook_module/custom_ops.py)
     }
 
 
@@ -377,6 +378,9 @@ HEADER = """\
 # torch: torch.X (dotted: torch.linalg.X) -> Torch.X   _VF: torch._VF.X -> VF.X
 # distributed: torch.distributed.X -> Distributed.X    torch_npu: torch_npu.X -> NPU.X
 # aten: aten op names without overload, for the dispatcher-level (L2) dump.
+# custom: torch.ops operators outside torch (vLLM's _C, torch_npu's npu, torch.library ops)
+#   -> Custom.{{namespace}}.{{op}}: "*" every namespace torch does not ship, "ns" one namespace,
+#   "ns.op" one op.
 """
 
 

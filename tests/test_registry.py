@@ -22,7 +22,7 @@ SCRIPT = os.path.join(ROOT, "scripts", "gen_support_wrap_ops.py")
 # msprobe's support_wrap_ops.yaml sizes, less what it lists that this torch removed or
 # that is deliberately excluded here (see the generator); falling below means lost coverage.
 MIN_COUNTS = {"functional": 126, "tensor": 480, "torch": 500, "_VF": 1, "distributed": 18,
-              "torch_npu": 100, "aten": 300}
+              "torch_npu": 100, "aten": 300, "custom": 1}
 
 REGISTRY = load_registry()
 # the torch the packaged YAML was generated from (its header says)
@@ -47,6 +47,9 @@ def _lookup(owner, dotted):
 def test_entry_resolves_or_is_absent(resolved, section, name):
     if section == "aten":
         assert name in resolved.aten and "." not in name and "::" not in name
+        return
+    if section == "custom":   # torch.ops namespaces / ops, matched when first called (custom_ops.py)
+        assert resolved.custom.every if name == "*" else name in resolved.custom.namespaces | resolved.custom.ops
         return
     if f"{section}.{name}" in resolved.absent:
         return

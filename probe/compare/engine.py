@@ -386,6 +386,8 @@ def _screen(t: Table) -> Screened:
             t.verdict(i).add("error", f"dtypes not comparable: NPU {a.dtype}, bench {b.dtype}")
         elif a.shape != b.shape:
             t.verdict(i).add("error", f"shape differs: NPU {list(a.shape)}, bench {list(b.shape)}")
+        elif a.unread or b.unread:   # torch.empty's contents, an out= buffer, a handle's address
+            t.verdict(i).add("pass", "no data to compare: an uninitialised buffer (torch.empty, out=) or a handle")
         else:
             tol_dtype[i] = how[2]
             rows.append((j, i, how))

@@ -69,7 +69,9 @@ Leaf = msgspec.defstruct(
              ("shape", Union[list[Optional[int]], None, UnsetType], UNSET),     # (null: a size not known)
              *[(key, Any, None) for key in STAT_KEYS],
              ("requires_grad", Any, None), ("md5", Optional[str], None), ("data_name", Optional[str], None),
-             ("value", Any, None)],
+             ("value", Any, None),
+             ("uninitialized", Any, None),    # a buffer not yet written (torch.empty, out=): no data
+             ("opaque", Any, None)],          # a custom op's handle (an address): no data
     gc=False, module=__name__)
 
 

@@ -49,6 +49,7 @@ class Row(msgspec.Struct, gc=False, eq=False):
     md5: Optional[str] = None
     data_name: Optional[str] = None
     value: Any = None
+    unread: bool = False            # an uninitialised buffer (torch.empty, out=), a handle: not data, never compared
 
     @property
     def stats(self) -> tuple:
@@ -164,7 +165,8 @@ def _leaf(name, entry, io, leaf, store: array) -> Row:
         except TypeError:       # a malformed (nested) shape: not shared
             pass
         return Row(name, entry, io, "tensor", dtype, shape, store, k,
-                   leaf.requires_grad, leaf.md5, leaf.data_name or None)
+                   leaf.requires_grad, leaf.md5, leaf.data_name or None,
+                   unread=leaf.uninitialized is True or leaf.opaque is True)
     value = leaf.value
     if kind_type in _PLAIN_TYPES:
         dtype = f"<class '{type(value).__name__}'>"

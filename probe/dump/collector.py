@@ -16,8 +16,9 @@ from probe.dump.call_site import as_called
 from probe.dump.entry_builder import EntryBuilder
 from probe.dump.records import ForwardEntry
 from probe.hook_module import grad_capture
+from probe.hook_module.custom_ops import handle_args, mutated_args
 from probe.hook_module.torch_function_off import no_function_mode
-from probe.vocabulary import in_place, scope_key
+from probe.vocabulary import CUSTOM, in_place, scope_key
 
 
 class CallFilter:
@@ -79,7 +80,7 @@ class CallFilter:
 
 class _Call:
     """One API call between its ``before`` and ``after``."""
-    __slots__ = ("base", "summaries", "entry", "grad", "parent", "target")
+    __slots__ = ("base", "summaries", "entry", "grad", "parent", "target", "out_kw")
 
     def __init__(self, base, summaries, entry, parent):
         self.base = base
@@ -87,7 +88,8 @@ class _Call:
         self.entry = entry
         self.grad = None     # (autograd edges before the call, number of input slots)
         self.parent = parent
-        self.target = None   # an in-place API's first argument: what it writes
+        self.target = None   # an in-place API's first argument (a custom op's written ones): what it writes
+        self.out_kw = None   # its ``out=`` argument
 
 
 class _InPlace(dict):
@@ -100,6 +102,18 @@ class _InPlace(dict):
 
 
 _in_place = _InPlace()
+
+
+class _Handles(dict):
+    """``handles[op]``: the (position, name) of a custom op's handle arguments, once per op."""
+
+    def __missing__(self, func):
+        value = self[func] = handle_args(func)
+        return value
+
+
+_handles = _Handles()
+_CUSTOM = CUSTOM + "."
 
 
 class ApiCollector:
@@ -163,9 +177,18 @@ class ApiCollector:
         flt = self.filter
         if args and _in_place[name]:
             call.target = args[0]
+        elif name.startswith(_CUSTOM):   # a custom op writes what its schema marks (a!)
+            call.target = mutated_args(func, args, kwargs) or None
+        call.out_kw = kwargs.get("out")
         if flt.forward:
             if flt.inputs:
                 entries.inputs(call.entry, fwd, args, kwargs, call.summaries)
+                if name.startswith(_CUSTOM):
+                    for i, arg in _handles[func]:   # an address, not data
+                        if i < len(args):
+                            call.entry.input_args[i] = entries.opaque(args[i])
+                        elif arg in kwargs:
+                            call.entry.input_kwargs[arg] = entries.opaque(kwargs[arg])
             self.stacks.capture(fwd, getattr(func, "__code__", None))
         if flt.backward and torch.is_grad_enabled():
             inputs = grad_capture.input_slots(args, kwargs)
@@ -177,6 +200,10 @@ class ApiCollector:
         base = call.base
         flt = self.filter
         shown = out
+        fresh = self.entries.fresh
+        if fresh:   # written: data from now on
+            fresh.written(call.target)
+            fresh.written(call.out_kw)
         if call.target is not None:
             self.entries.cache.forget(call.target)
             if out is None and not base.rsplit(".", 1)[0].endswith("__"):

@@ -11,6 +11,7 @@ import logging
 import torch
 
 from probe.dump import dtensor_layout, stats
+from probe.dump.fresh_buffers import FreshBuffers
 from probe.dump.records import BackwardEntry, ForwardEntry, describe_value
 from probe.dump.stack import StackTable
 from probe.hook_module.interceptor import guard
@@ -99,6 +100,7 @@ class EntryBuilder:
         # are these get "token_stats", one [Max, Min, Mean, Norm] per token row
         self.token_shape = None
         self.rows_deferred = None   # async_dump: (summary, TokenRows) fetched at the flush
+        self.fresh = FreshBuffers()   # torch.empty buffers not yet written: recorded without values
         if config.async_dump:
             self.cache.deferred = []
             self.rows_deferred = []
@@ -109,6 +111,7 @@ class EntryBuilder:
         self.stacks.clear()
         self.cache.clear()
         self.token_shape = None
+        self.fresh.clear()
 
     def fail(self, name, exc):
         """A dumper's failure on ``name``: said once per API, the call unaffected."""
@@ -124,7 +127,8 @@ class EntryBuilder:
         save = self.save_tensors
         describe = self.describe
         entry.input_args = [describe(a, summaries, save and f"{fwd}.input.{i}") for i, a in enumerate(args)]
-        entry.input_kwargs = {k: describe(v, summaries, save and f"{fwd}.{k}") for k, v in kwargs.items()}
+        entry.input_kwargs = {k: self.unread(v) if k == "out" else describe(v, summaries, save and f"{fwd}.{k}")
+                              for k, v in kwargs.items()}
 
     def outputs(self, entry, fwd, out, summaries):
         outs = out if isinstance(out, (tuple, list)) else [out]
@@ -169,6 +173,8 @@ class EntryBuilder:
         """``v``'s dump.json form; ``file_stem`` names its tensor files (task tensor; a
         false value where no file is written, so the hot path builds no names)."""
         if isinstance(v, torch.Tensor):
+            if self.fresh and self.fresh.holds(v):
+                return self.unread(v)
             s = self.summary(v, summaries)
             if self.save_tensors and file_stem:
                 s["data_name"] = self.save(v, file_stem)
@@ -178,6 +184,24 @@ class EntryBuilder:
         if isinstance(v, dict):
             return {k: self.describe(x, summaries, file_stem and f"{file_stem}.{k}") for k, x in v.items()}
         return describe_value(v)
+
+    def unread(self, v):
+        """The record of a buffer whose contents are not data (an ``out=`` argument, an
+        unwritten ``torch.empty``): no statistics, no tensor file, ``"uninitialized": true``."""
+        if isinstance(v, torch.Tensor):
+            return {"type": "torch.Tensor", "dtype": str(v.dtype), "shape": list(v.shape),
+                    **NO_STATS, "requires_grad": v.requires_grad, "uninitialized": True}
+        if isinstance(v, (list, tuple)):
+            return [self.unread(x) for x in v]
+        return describe_value(v)
+
+    def opaque(self, v):
+        """The record of a handle (a custom op's argument holding an address): its type and
+        shape, no value, ``"opaque": true``; the compare never compares it."""
+        if isinstance(v, torch.Tensor):
+            return {"type": "torch.Tensor", "dtype": str(v.dtype), "shape": list(v.shape),
+                    **NO_STATS, "requires_grad": v.requires_grad, "opaque": True}
+        return {"type": type(v).__name__, "value": None, "opaque": True}
 
     def save(self, t, file_stem):
         name = file_stem + self.ext

@@ -9,6 +9,7 @@ in one C call for most tensors), ``describe_value``'s form of another value, or 
 dict of those. ``EntryBuilder`` (``entry_builder.py``) makes them; the writer encodes
 them with orjson, which serialises these slotted dataclasses through ``to_json``.
 """
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -102,7 +103,11 @@ def describe_value(v):
         return {"type": "torch.memory_format", "format": str(v).replace("torch.", "")}
     if v is Ellipsis:
         return {"type": "ellipsis", "value": "..."}
-    return {"type": type(v).__name__, "value": str(v)[:200]}
+    # an object's default repr carries its address, which differs from run to run and is no data
+    return {"type": type(v).__name__, "value": _ADDRESS("", str(v))[:200]}
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+").sub
 
 
 def _plain(x):

@@ -6,10 +6,12 @@ each enabled feature three moments: ``before`` the call, ``after`` it with the r
 ``failed`` with the API's exception. A feature failing is logged once and ignored; the
 API's exception is re-raised as the same object; the result is returned untouched.
 
-Custom ops (``torch.library``, torch_npu's ``torch.ops.npu.*``) are not in the API
-registry, yet they are where kernels crash and meta functions disagree. While a
-feature is on, they reach the features as ``Custom.{namespace}.{op}[.{overload}]``;
-they are not handed to the collector, so dump.json is the same as without forensics.
+Custom ops (``torch.library``, torch_npu's ``torch.ops.npu.*``, vLLM's kernels) are where
+kernels crash and meta functions disagree. Those the registry's ``custom`` section selects
+(every namespace torch does not ship, by default) are registered APIs, dumped as
+``Custom.{namespace}.{op}[.{overload}]``. The others still reach the features under that
+name, while a feature is on, as a :class:`WatchedOnly` name: they are not handed to the
+collector, so dump.json is the same as without forensics.
 
 Composition: ``PrecisionDebugger`` builds its chain once, at construction: the
 interceptor (registered APIs, and custom ops through :func:`with_custom_ops`) calls
@@ -19,47 +21,33 @@ nothing is swapped or patched later.
 """
 import threading
 
-import torch
-
 from probe.forensics.evidence import capture, log_once
+from probe.hook_module.custom_ops import custom_op_name
 from probe.hook_module.registry import FuncNames
 from probe.hook_module.torch_function_off import no_function_mode
-from probe.torch_compat import op_name
-
-CUSTOM_PREFIX = "Custom."
-# Namespaces of ops that ship with torch: the registry covers them where it wants them.
-_BUILTIN_NAMESPACES = frozenset({
-    "aten", "prims", "prim", "_c10d_functional", "_c10d_functional_autograd", "c10d",
-    "_dtensor", "profiler", "higher_order", "quantized", "_quantized", "rngprims",
-    "debugprims", "inductor", "mkldnn", "onednn", "_test", "_functorch", "_inductor_test",
-    "quantized_decomposed", "_nested_tensor", "_prims", "fsdp", "symm_mem", "_export",
-    "streams", "aoti_torch", "_quant",
-})
 
 
-def custom_op_name(func):
-    """'Custom.ns.op' ('Custom.ns.op.overload' unless default) for a non-builtin torch.ops operator."""
-    ops = torch._ops
-    if isinstance(func, ops.OpOverload):
-        ns = func.namespace
-        if ns in _BUILTIN_NAMESPACES:
-            return None
-        overload = func._overloadname
-        # 'default' is dropped: torch.ops.ns.op(...) and the op object name the same call
-        return f"{CUSTOM_PREFIX}{ns}.{op_name(func)}" + ("" if overload == "default" else f".{overload}")
-    if isinstance(func, ops.OpOverloadPacket):
-        ns, _, op = func._qualified_op_name.partition("::")
-        if ns in _BUILTIN_NAMESPACES:
-            return None
-        return f"{CUSTOM_PREFIX}{ns}.{op}"
-    return None
+class WatchedOnly(str):
+    """The name of a custom op the registry does not dump: features see it, the
+    collector never does."""
+    __slots__ = ()
 
 
 class WithCustomOps(FuncNames):
-    """The registry's ``by_func`` that also names custom ops (looked up on first sight)."""
+    """The registry's ``by_func`` that also names the custom ops it does not dump (looked
+    up on first sight), as :class:`WatchedOnly` names."""
 
     def name_unknown(self, func):
-        return custom_op_name(func)
+        name = super().name_unknown(func)
+        if name is None:
+            name = custom_op_name(func)
+            return None if name is None else WatchedOnly(name)
+        return name
+
+    def get(self, func, default=None):
+        """What is dumped (compiled graphs look names up here): no watched-only op."""
+        name = super().get(func, default)
+        return default if type(name) is WatchedOnly else name
 
 
 class Call:
@@ -119,7 +107,7 @@ class Namer:
 
     def collector_counts(self, name):
         """True when the wrapped handler counts ``name``."""
-        return not name.startswith(CUSTOM_PREFIX) and isinstance(getattr(self.source, "counters", None), dict)
+        return type(name) is not WatchedOnly and isinstance(getattr(self.source, "counters", None), dict)
 
     def __call__(self, name):
         if self.collector_counts(name):
@@ -155,7 +143,7 @@ class ForensicsHandler:
 
     def __call__(self, name, func, args, kwargs):
         features = self.features
-        custom = name.startswith(CUSTOM_PREFIX)
+        custom = type(name) is WatchedOnly
         if not features:
             return func(*args, **kwargs) if custom else self.inner(name, func, args, kwargs)
         if custom or not self._inner_counts:
@@ -227,7 +215,9 @@ def with_custom_ops(resolved):
     """``resolved`` (a registry from ``registry.resolve``) whose ``by_func`` also names
     custom ops; done before an Interceptor is made from it, so its mode sees the table."""
     if not isinstance(resolved.by_func, WithCustomOps):
-        resolved.by_func = WithCustomOps(resolved.by_func)
+        names = WithCustomOps(resolved.by_func)
+        names.custom = resolved.custom
+        resolved.by_func = names
     return resolved
 
 

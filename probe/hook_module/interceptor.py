@@ -87,6 +87,7 @@ class _Mode(TorchFunctionMode):
         self._op_impls = operators.by_impl
         self._op_name = operators.name
         self._interceptor = interceptor
+        self._allocators = interceptor.allocators   # id(func) -> None (see watch_allocations)
 
     @run_eagerly   # torch < 2.5: run for each op of a compiled graph, never compiled
     def __torch_function__(self, func, types_, args=(), kwargs=None):
@@ -114,6 +115,10 @@ class _Mode(TorchFunctionMode):
                     return self._interceptor.handler(name, func, args, kwargs)
                 finally:
                     state.depth -= 1
+            if id(func) in self._allocators:   # torch.empty and co.: not recorded, remembered
+                out = func(*args, **kwargs)
+                self._interceptor.allocated(out)
+                return out
         return func(*args, **kwargs)
 
 
@@ -266,6 +271,15 @@ class Interceptor:
         self._outer = None
         self._patched = False    # False, "some" (not the collectives yet) or "all"
         self._release = None     # finalizer giving the patches back, once
+        self.allocators = {}     # id(func) -> None: unregistered calls whose result goes to allocated()
+        self.allocated = None
+
+    def watch_allocations(self, funcs, allocated):
+        """Hand the results of ``funcs`` (``torch.empty`` and co., not registered APIs) called
+        outside any registered call to ``allocated(result)``: buffers whose contents are not
+        data until written. Set before ``start()``."""
+        self.allocators = dict.fromkeys(id(f) for f in funcs)
+        self.allocated = allocated
 
     @property
     def active(self):

@@ -1,7 +1,7 @@
 """Which APIs are dumped: ``support_wrap_ops.yaml`` loaded, checked and resolved.
 
 The YAML has one list of names per section (``functional``, ``tensor``, ``torch``,
-``torch_npu``, ``distributed``, ``_VF``, ``aten``). Resolving turns the names into the
+``torch_npu``, ``distributed``, ``_VF``, ``aten``, ``custom``: see custom_ops.py). Resolving turns the names into the
 objects the interceptor meets at call time, once, at ``start()``:
 
     >>> reg = resolve(load_registry())
@@ -20,6 +20,7 @@ import yaml
 
 from probe.errors import ConfigError
 from probe.hook_module import collectives
+from probe.hook_module.custom_ops import CustomOps
 from probe.hook_module.operators import OperatorNames
 from probe.torch_compat import indexing_reaches_function_modes
 from probe.vocabulary import SECTION_PREFIX  # noqa: F401  (re-exported)
@@ -48,9 +49,12 @@ class FuncNames(dict):
         name = self[func] = self.name_unknown(func)
         return name
 
+    custom = CustomOps()   # the registry's ``custom`` section: torch.ops operators named on first sight
+
     def name_unknown(self, func):
-        """Name of a function met for the first time (subclasses name custom ops)."""
-        return None
+        """Name of a function met for the first time: a ``torch.ops`` operator the
+        ``custom`` section selects, or None."""
+        return self.custom.name(func) if self.custom else None
 
     def get(self, func, default=None):
         try:
@@ -72,6 +76,7 @@ class ResolvedRegistry:
     operators: object = None                        # OperatorNames: how the dunders are told apart
     patched: list = field(default_factory=list)     # (owner object, attr, "Prefix.name") to patch
     aten: frozenset = frozenset()                   # aten op names ("mm", "add") for L2
+    custom: CustomOps = field(default_factory=CustomOps)   # torch.ops operators dumped as APIs
     absent: list = field(default_factory=list)      # "section.name" not present in this torch
 
 
@@ -119,6 +124,8 @@ def _section_owner(section):
     if section == "distributed":
         import torch.distributed as dist
         return dist if dist.is_available() else None
+    if section == "custom":   # "_C.onednn_mm" is torch.ops._C.onednn_mm
+        return torch.ops
     if section == "torch_npu":
         try:
             import torch_npu  # optional, only on Ascend machines
@@ -178,6 +185,7 @@ def resolve(registry):
     out = ResolvedRegistry()
     ops = registry.ops
     out.aten = frozenset(ops.get("aten", ()))
+    out.custom = out.by_func.custom = CustomOps(ops.get("custom", ()))
     for section in _MODE_PRIORITY + ("tensor", "distributed", "torch_npu"):
         names = ops.get(section)
         if not names:
