@@ -13,7 +13,7 @@ import sys
 import pytest
 from gloo_ranks import rank_env, run_ranks
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux")]
 
 RUNS = {   # name -> (ranks, tp_train.py options); 2 steps each, a fault at step 1 on rank 1
     "single_stats": (1, ["--single"]),

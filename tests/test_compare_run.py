@@ -16,7 +16,7 @@ from gloo_ranks import free_port, rank_env
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux")]
 
 
 @pytest.fixture(scope="module")

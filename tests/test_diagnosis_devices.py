@@ -20,7 +20,7 @@ from second_device import Device
 STEPS = 3
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one intra-op thread
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]   # conftest: one intra-op thread
 
 
 @pytest.fixture(scope="module")

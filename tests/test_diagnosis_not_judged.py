@@ -23,7 +23,7 @@ from second_device import Device
 HERE = os.path.dirname(os.path.abspath(__file__))
 TASKS = ["tensor", "statistics"]
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one intra-op thread
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]   # conftest: one intra-op thread
 
 
 @pytest.fixture(scope="module")

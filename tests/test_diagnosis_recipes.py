@@ -23,7 +23,7 @@ from second_device import Device
 
 STEPS = 3
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one intra-op thread
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]   # conftest: one intra-op thread
 
 
 def _cpu_fp16_amp() -> str | None:

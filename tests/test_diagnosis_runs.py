@@ -23,7 +23,7 @@ from probe.torch_compat import TORCH
 STEPS = 3
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one intra-op thread
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]   # conftest: one intra-op thread
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,8 @@ from models import make_gpt, train_step
 
 from probe.dump.folder_lock import lock_path
 
+pytestmark = pytest.mark.slow   # two processes on one folder: minutes on a busy machine
+
 CHILD = textwrap.dedent("""
     import os, sys, time
     import torch

@@ -208,6 +208,7 @@ def _opinfo_calls(limit_ops=120, per_op=2):
     return calls
 
 
+@pytest.mark.slow   # every OpInfo sample of torch's op database
 def test_opinfo_samples_round_trip(tmp_path):
     calls = _opinfo_calls()
     assert len(calls) >= 150

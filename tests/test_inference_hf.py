@@ -21,6 +21,8 @@ from real_runs import gpt2, llama
 from probe import PrecisionDebugger
 from probe.errors import ConfigError
 
+pytestmark = pytest.mark.slow   # a dozen generate runs: minutes on a busy machine
+
 PAD = 0
 PROMPTS = [[5, 17, 9], [3, 44, 21, 8, 60, 7], [11, 92, 33, 4]]
 MODELS = {"llama": llama, "gpt2": gpt2}
