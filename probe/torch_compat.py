@@ -154,16 +154,20 @@ def _compiling_or_tracing() -> bool:
     return is_compiling() or _tracing_context() is not None
 
 
+# What probe's function mode and module hooks ask to stay out of torch.compile's way.
+compiling = is_compiling if DYNAMO_TRACES_FUNCTION_MODES else _compiling_or_tracing
+
 # torch.compiler.is_compiling() holds True for a whole compile, code that runs during it
 # without being traced included, only since pytorch#184614 (torch 2.13: dynamo's
 # ``_compile_session_context``). Before, it is True only in code dynamo traces: its own runs
 # of each op on fake tensors (torch 2.6's ``addmm`` decomposition computes ``alpha * mm``,
 # through probe's patched ``Tensor.__rmul__``) see False, and the compile's tracing
-# context, set then, tells them apart.
+# context, set then, tells them apart. The mode is off the stack there (dynamo takes it
+# off while it compiles); probe's patched attributes are not.
 COMPILE_SESSION_FLAG = hasattr(torch.compiler, "_compile_session_context")
 
-# What probe's function mode, patches and module hooks ask to stay out of torch.compile's way.
-compiling = is_compiling if DYNAMO_TRACES_FUNCTION_MODES and COMPILE_SESSION_FLAG else _compiling_or_tracing
+# What probe's patched attributes ask to stay out of torch.compile's way.
+compiling_for_patches = is_compiling if COMPILE_SESSION_FLAG else _compiling_or_tracing
 
 
 def run_eagerly(func):

@@ -47,7 +47,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from probe.hook_module import collectives
-from probe.torch_compat import EAGER_FRAME_CODE, TensorBase, run_eagerly
+from probe.torch_compat import EAGER_FRAME_CODE, TensorBase, compiling_for_patches, run_eagerly
 from probe.torch_compat import compiling as _is_compiling
 
 
@@ -210,7 +210,7 @@ class _Patches:
         collective = getattr(owner, "__name__", "") == "torch.distributed"
 
         def patched(*args, **kwargs):
-            if _is_compiling():
+            if compiling_for_patches():
                 return func(*args, **kwargs)
             active = state.active
             if active is None and collective:
