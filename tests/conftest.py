@@ -113,3 +113,14 @@ class LogCapture(logging.Handler):
     @property
     def messages(self):
         return [r.getMessage() for r in self.records]
+
+
+def _pt_loads():
+    from probe.torch_compat import SAFE_WEIGHTS_ONLY
+    return SAFE_WEIGHTS_ONLY
+
+
+# Tests that read .pt files back (msprobe's tensor dumps, probe's pt format, the toolbox's
+# captures): before torch 2.6 probe refuses them (weights_only can be bypassed, CVE-2025-32434)
+needs_pt_loads = pytest.mark.skipif(not _pt_loads(), reason="torch < 2.6: probe refuses to load .pt files "
+                                    "(torch.load's weights_only can be bypassed, CVE-2025-32434)")

@@ -14,6 +14,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from headless_browser import headless_chromium
 
 from inference_runs import PROMPTS, generate, hf_generate, llama
 from real_runs import KernelFault
@@ -268,16 +269,6 @@ def test_page_marks_tokens_and_keeps_names_text(runs, tmp_path):
     """In a browser: requests x tokens, the token whose row the culprit first made differ
     marked (step 2 chose token 2), each request linking to its call table; request ids from the
     dump shown as text (no element made from them)."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium or not shutil.which("chromedriver"):
-        pytest.skip("no chromium/chromedriver: apt-get install -y chromium chromium-driver")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.options import Options
-        from selenium.webdriver.chrome.service import Service
-        from selenium.webdriver.common.by import By
-    except ImportError:
-        pytest.skip("no selenium: pip install selenium (the test extra)")
     npu = str(tmp_path / "npu")
     shutil.copytree(runs["decode_fault"][0], npu)
     hostile = '"><img id=pwned src=x onerror="document.title=1">'
@@ -289,11 +280,8 @@ def test_page_marks_tokens_and_keeps_names_text(runs, tmp_path):
     with open(first, "w", encoding="utf-8") as fh:
         json.dump(doc, fh)
     s = _compare(npu, runs["single"][0], tmp_path / "out")
-    opts = Options()
-    opts.binary_location = chromium
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        opts.add_argument(a)
-    browser = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    browser = headless_chromium()
+    from selenium.webdriver.common.by import By
     try:
         browser.get("file://" + os.path.abspath(tmp_path / "out" / "compare_run.html"))
         assert browser.execute_script("return document.body.dataset.ready") == "1"

@@ -5,6 +5,7 @@ import os
 
 import pandas as pd
 import pytest
+from conftest import needs_pt_loads
 
 from probe.compare.engine import compare_dumps
 
@@ -75,6 +76,7 @@ def test_statistics_v833_names_and_unmatched_rows():
     assert_close_columns(df, ref, ["Max diff", "Mean diff", "L2norm diff"])
 
 
+@needs_pt_loads
 def test_tensor_metrics_match_msprobe():
     r, df = ours("v26_L1_tensor_bf16", "v26_L1_tensor_fp32")
     assert r.mode == "tensor"

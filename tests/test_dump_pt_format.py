@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import load_dump  # noqa: E402
+from conftest import load_dump, needs_pt_loads  # noqa: E402
 from models import make_mlp, train_step  # noqa: E402
 
 from probe import PrecisionDebugger  # noqa: E402
@@ -56,6 +56,7 @@ def test_pt_files_load_with_weights_only(tmp_path, dtype):
             assert abs(t.double().max().item() - desc["Max"]) <= 1e-6 * max(1, abs(desc["Max"]))
 
 
+@needs_pt_loads
 def test_pt_and_npy_dumps_agree_in_compare_and_run_ut(tmp_path):
     from probe.compare.entry_points import compare
     pt = _dump(tmp_path / "pt", "pt")

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import needs_pt_loads
 
 from probe.cli import main as cli_main
 from probe.compare.metrics import tensor_metrics
@@ -149,6 +150,7 @@ def test_bundled_tensors_are_cpu_and_keep_bf16(tmp_path):
     assert "torch.bfloat16" in open(script).read()
 
 
+@needs_pt_loads
 @pytest.mark.parametrize("fixture", ["v26_L1_tensor_fp32", "v833_L1_tensor_fp32"])
 def test_msprobe_tensor_dump(scripts, fixture):
     _, made, outs = scripts

@@ -20,6 +20,7 @@ import zipfile
 import openpyxl
 import pytest
 import torch
+from headless_browser import headless_chromium
 
 from probe.cli import main as cli_main
 from probe.debugger import PrecisionDebugger
@@ -235,22 +236,7 @@ def test_workbook_and_csv_neutralise_formulas(hostile):
 
 @pytest.fixture(scope="module")
 def browser():
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not chromium or not driver:
-        pytest.skip("no chromium/chromedriver: apt-get install -y chromium chromium-driver")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.options import Options
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("no selenium: pip install selenium (the test extra)")
-    opts = Options()
-    opts.binary_location = chromium
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--window-size=1400,1000"):
-        opts.add_argument(a)
-    d = webdriver.Chrome(service=Service(driver), options=opts)
+    d = headless_chromium()
     yield d
     d.quit()
 

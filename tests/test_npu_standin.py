@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import assert_summary, load_dump
+from conftest import assert_summary, load_dump, needs_pt_loads
 from npu_standin import PROVIDED, StandIn
 
 from probe.cli import main as cli_main
@@ -198,6 +198,7 @@ def _replay(argv):
     return replay_cli.run(parser.parse_args(argv))
 
 
+@needs_pt_loads
 def test_capture_and_replay_of_an_npu_api_by_its_torch_npu_name(npu, tmp_path, capsys):
     x, gamma = torch.randn(4, 8), torch.randn(8)
     with OpCapture(ops=[r"^torch_npu\.npu_rms_norm$"], output_dir=str(tmp_path), verbose=False) as cap:

@@ -14,13 +14,13 @@ import inspect
 import logging
 import os
 import re
-import shutil
 import time
 
 import openpyxl
 import pytest
 import torch
 import torch.nn.functional as F
+from headless_browser import headless_chromium
 from test_diagnosis import Fault, scale_output
 
 from probe.compare import compare
@@ -127,29 +127,9 @@ def test_page_is_one_file_with_no_network(report):
 
 # ---------------------------------------------------------------- the browser
 
-def _browser():
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not chromium or not driver:
-        pytest.skip("no chromium/chromedriver: apt-get install -y chromium chromium-driver")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.options import Options
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("no selenium: pip install selenium (the test extra)")
-    opts = Options()
-    opts.binary_location = chromium
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--window-size=1400,1000"):
-        opts.add_argument(a)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(driver), options=opts)
-
-
 @pytest.fixture(scope="module")
 def browser():
-    d = _browser()
+    d = headless_chromium(console_log=True)
     yield d
     d.quit()
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import yaml
+from conftest import needs_pt_loads
 
 from probe.hook_module.registry import DEFAULT_YAML
 from probe.toolbox import OpAutoCompare, apply_feature, replay_cli
@@ -138,6 +139,7 @@ def test_finds_cpu_bf16_layer_norm_backward_precision_loss(tmp_path):
                       ("backward", "grad_input.1"): "fail", ("backward", "grad_input.2"): "fail"}
 
 
+@needs_pt_loads
 def test_faulty_forward_is_flagged_saved_and_replayed(tmp_path, faulty_yaml, capsys, caplog):
     caplog.set_level(logging.INFO, logger="probe")
     torch.manual_seed(0)

@@ -11,6 +11,7 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import needs_pt_loads
 
 from probe.toolbox import OpCapture, OpTimeMeasure, apply_feature, replay_cli
 
@@ -73,6 +74,7 @@ def test_timing_measures_the_slow_api(tmp_path):
     assert top["name"] == "Tensor.__matmul__"
 
 
+@needs_pt_loads
 def test_capture_and_replay_reproduce(tmp_path, capsys):
     m = _mlp()
     x, t = torch.randn(8, 16), torch.randint(0, 4, (8,))
@@ -100,6 +102,7 @@ def test_capture_and_replay_reproduce(tmp_path, capsys):
     assert rc == 1 and "Functional.linear.1" in out and "output.0 vs saved: fail" in out
 
 
+@needs_pt_loads
 def test_capture_inplace_inputs_are_taken_before_the_call(tmp_path, capsys):
     h = torch.ones(5)
     with apply_feature("torch.Tensor.mul_", "op_capture", output_dir=str(tmp_path), verbose=False):
