@@ -142,6 +142,9 @@ class GraphPlan:
     summarise: Callable = _summarise   # how its statistics are computed in the graph
     inputs_of: Dict[str, List[str]] = field(default_factory=dict)   # node key -> its tensor inputs' keys
     extra: int = 1   # outputs added to the forward graph: the vector, then any tensors
+    # with tensors: for each saved tensor, the graph's own output it is (its index), or
+    # None where it is an added output (in order)
+    from_outputs: List[Optional[int]] = field(default_factory=list)
 
 
 # ---- the recorder, owned by a debugger ------------------------------------------------
@@ -480,12 +483,18 @@ def instrument_forward(gm, by_func, dunders, with_tensors=False, only=None):
     if not vectors:
         return None
     out = graph.output_node()
+    results = out.args[0]
+    results = tuple(results) if isinstance(results, (tuple, list)) else (results,)
     with graph.inserting_before(out):
         extra = [graph.call_function(torch.cat, (vectors,))]
         if with_tensors:
-            extra += [graph.call_method("detach", (n,)) for n in builder.nodes]
-    results = out.args[0]
-    results = tuple(results) if isinstance(results, (tuple, list)) else (results,)
+            # A tensor the graph returns anyway is read from that output, not returned a
+            # second time as its detached alias: on torch 2.6 an output aliasing an output
+            # that is itself an alias (a view) is regenerated from AOT's TensorAlias wrapper
+            # and raises (TypeError in _functionalize_apply_view_metas; fixed in later torch)
+            position = {r: i for i, r in reversed(list(enumerate(results))) if isinstance(r, torch.fx.Node)}
+            plan.from_outputs = [position.get(n) for n in builder.nodes]
+            extra += [graph.call_method("detach", (n,)) for n in builder.nodes if n not in position]
     out.args = (results + tuple(extra),)
     plan.extra = len(extra)
     graph.lint()
@@ -750,12 +759,15 @@ def _passed_through(compiled, name):
 
 
 class _Stripped:
-    """A compiled graph's callable with probe's outputs (the last ``extra``) taken off."""
+    """A compiled graph's callable with probe's outputs (the last ``extra``) taken off.
+    ``from_outputs`` (see ``GraphPlan``) puts the graph's own outputs among the saved
+    tensors, detached."""
 
-    def __init__(self, compiled, extra, on_outputs):
+    def __init__(self, compiled, extra, on_outputs, from_outputs=()):
         self.compiled = compiled
         self.extra = extra
         self.on_outputs = on_outputs
+        self.from_outputs = from_outputs
         self._boxed_call = getattr(compiled, "_boxed_call", False)
 
     def __call__(self, *args):
@@ -763,7 +775,11 @@ class _Stripped:
             outs = self.compiled(*args)
         cut = len(outs) - self.extra
         try:
-            self.on_outputs(outs[cut], list(outs[cut + 1:]))
+            tensors = list(outs[cut + 1:])
+            if any(i is not None for i in self.from_outputs):
+                added = iter(tensors)
+                tensors = [next(added) if i is None else outs[i].detach() for i in self.from_outputs]
+            self.on_outputs(outs[cut], tensors)
         except Exception as exc:   # never into the training step
             _said.warning("record", "probe: recording a compiled graph failed (%s: %s); training goes on",
                           type(exc).__name__, exc)
@@ -1028,7 +1044,8 @@ class CompileHook:
         kwargs = dict(kwargs, inner_compile=self._inner(kwargs.get("inner_compile"), plan))
         with torch._functorch.config.patch(enable_autograd_cache=False):   # its hits skip inner_compile
             compiled = self._original(gm, example_inputs, *args, **kwargs)
-        return _Stripped(compiled, plan.extra, lambda vector, tensors: self._forward_ran(plan, vector, tensors))
+        return _Stripped(compiled, plan.extra, lambda vector, tensors: self._forward_ran(plan, vector, tensors),
+                         plan.from_outputs)
 
     def _forward_ran(self, plan, vector, tensors):
         if self.checking:
