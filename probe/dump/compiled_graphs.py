@@ -857,9 +857,18 @@ class _Check:
     Where one differs, the plain graph is run once more: a value the plain graph does not
     reproduce itself (a gradient summed by atomic adds in a Triton kernel, an embedding's
     or a scatter's) can't be held to bitwise, by probe or by a second run without it, and
-    is left out, said once; every other value must be bitwise."""
+    is left out, said once; every other value must be bitwise.
+
+    The inputs that need a gradient are given as detached leaves over the same storage:
+    the check's backward must end at this graph's inputs. With the real ones, an input
+    that comes from earlier graphs (after a graph break) and a parameter used there too
+    (GPT-2's tied embedding) made autograd go on into the earlier graphs' backward for
+    that parameter's whole gradient, freeing their saved tensors: the user's own backward
+    then raised ("backward through the graph a second time")."""
 
     def __init__(self, plain, inputs, boxed):
+        inputs = [t.detach().requires_grad_(True) if isinstance(t, torch.Tensor) and t.requires_grad else t
+                  for t in inputs]
         self.plain, self.inputs, self.boxed = plain, inputs, boxed
         self.tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
         self.reference = None
