@@ -504,13 +504,14 @@ def _one_sided_nonfinite(result, calls, facts: _RowFacts):
     whose inputs are finite on both sides (``nonfinite``): a backward call's also its forward
     call's inputs and outputs (what it saved). Such a call made the non-finite values: no
     input difference, draw or routing before it explains a NaN from finite numbers, so it is
-    named in any mode. A tensor is finite on a side when its Max/Min are numbers and no
-    statistic is infinite (a NaN tensor's statistics are all NaN); a row without statistics
-    on a side proves nothing."""
-    a, b = facts.npu_stats, facts.bench_stats
-    with np.errstate(invalid="ignore"):
-        bad_a = np.isinf(a).any(axis=1) | np.isnan(a[:, :2]).any(axis=1)
-        bad_b = np.isinf(b).any(axis=1) | np.isnan(b[:, :2]).any(axis=1)
+    named in any mode. A tensor holds NaN/Inf on a side when its Max or Min is not a finite
+    number (a NaN tensor's statistics are all NaN); its Mean and Norm say nothing of that: a
+    sum of finite values overflows (a float32 attention mask of -3.4e38 summed in float32
+    inside a compiled graph has Mean -inf, in float64 eagerly a finite one). A row without
+    statistics on a side proves nothing."""
+    extremes_a, extremes_b = facts.npu_stats[:, :2], facts.bench_stats[:, :2]
+    bad_a = ~np.isfinite(extremes_a).all(axis=1)
+    bad_b = ~np.isfinite(extremes_b).all(axis=1)
     known = facts.paired & facts.npu_tensor & facts.bench_tensor & (facts.bench_numel > 0)
     one_sided = known & (bad_a != bad_b) & (facts.part == _OUT)
     if not one_sided.any():
