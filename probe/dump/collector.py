@@ -204,6 +204,8 @@ class ApiCollector:
         if fresh:   # written: data from now on
             fresh.written(call.target)
             fresh.written(call.out_kw)
+            if getattr(out, "when_done", None) is not None:   # a collective's result: the tensors it wrote
+                fresh.written(list(out))
         if call.target is not None:
             self.entries.cache.forget(call.target)
             if out is None and not base.rsplit(".", 1)[0].endswith("__"):
