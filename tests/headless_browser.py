@@ -1,5 +1,7 @@
 """Headless Chromium for the page tests: one place that finds it, or skips with how to get it."""
+import os
 import shutil
+import time
 
 import pytest
 
@@ -26,3 +28,12 @@ def headless_chromium(console_log=False):
     if console_log:
         opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def open_page(driver, path, timeout=60):
+    """Load the page at ``path`` and wait until its script marks it ready (``body[data-ready=1]``)."""
+    driver.get("file://" + os.path.abspath(path))
+    t = time.time()
+    while driver.execute_script("return document.body && document.body.dataset.ready") != "1":
+        assert time.time() - t < timeout, "the page never became ready"
+        time.sleep(0.05)

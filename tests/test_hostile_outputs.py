@@ -20,7 +20,7 @@ import zipfile
 import openpyxl
 import pytest
 import torch
-from headless_browser import headless_chromium
+from headless_browser import headless_chromium, open_page
 
 from probe.cli import main as cli_main
 from probe.debugger import PrecisionDebugger
@@ -242,11 +242,7 @@ def browser():
 
 
 def _open(browser, path):
-    browser.get("file://" + os.path.abspath(path))
-    t = time.time()
-    while browser.execute_script("return document.body && document.body.dataset.ready") != "1":
-        assert time.time() - t < 60, "the page never became ready"
-        time.sleep(0.05)
+    open_page(browser, path)
 
 
 def _untouched(browser, title):

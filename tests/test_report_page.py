@@ -14,13 +14,12 @@ import inspect
 import logging
 import os
 import re
-import time
 
 import openpyxl
 import pytest
 import torch
 import torch.nn.functional as F
-from headless_browser import headless_chromium
+from headless_browser import headless_chromium, open_page
 from test_diagnosis import Fault, scale_output
 
 from probe.compare import compare
@@ -135,11 +134,7 @@ def browser():
 
 
 def _open(browser, path):
-    browser.get("file://" + os.path.abspath(path))
-    t = time.time()
-    while browser.execute_script("return document.body && document.body.dataset.ready") != "1":
-        assert time.time() - t < 60, "the page never became ready"
-        time.sleep(0.05)
+    open_page(browser, path)
 
 
 def _errors(browser):
