@@ -175,15 +175,16 @@ class ApiCollector:
         call = _Call(base, entries.summaries(), ForwardEntry(),
                      None if self.construct is None else self.construct.current)
         flt = self.filter
+        custom = name.startswith(_CUSTOM)
         if args and _in_place[name]:
             call.target = args[0]
-        elif name.startswith(_CUSTOM):   # a custom op writes what its schema marks (a!)
+        elif custom:   # a custom op writes what its schema marks (a!)
             call.target = mutated_args(func, args, kwargs) or None
         call.out_kw = kwargs.get("out")
         if flt.forward:
             if flt.inputs:
                 entries.inputs(call.entry, fwd, args, kwargs, call.summaries)
-                if name.startswith(_CUSTOM):
+                if custom:
                     for i, arg in _handles[func]:   # an address, not data
                         if i < len(args):
                             call.entry.input_args[i] = entries.opaque(args[i])
