@@ -59,6 +59,22 @@ INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__",
                              "__ixor__", "__ilshift__", "__irshift__", "__imatmul__", "__setitem__"})
 
 
+# APIs that write arguments although their names don't say so: batch norm's running
+# statistics, updated in the kernel without a version bump (native_batch_norm's schema
+# marks no mutation). name -> ((position, keyword), ...) of what the call writes.
+_RUNNING_FUNCTIONAL = ((1, "running_mean"), (2, "running_var"))
+_RUNNING_TORCH = ((3, "running_mean"), (4, "running_var"))
+HIDDEN_WRITES = {
+    "Functional.batch_norm": _RUNNING_FUNCTIONAL,
+    "Functional.instance_norm": _RUNNING_FUNCTIONAL,
+    "Torch.batch_norm": _RUNNING_TORCH,
+    "Torch.instance_norm": _RUNNING_TORCH,
+    "Torch.native_batch_norm": _RUNNING_TORCH,
+    "Torch._batch_norm_impl_index": _RUNNING_TORCH,
+    "Torch._native_batch_norm_legit": _RUNNING_TORCH,
+}
+
+
 def in_place(leaf: str) -> bool:
     """Whether the API named ``leaf`` (``add_``, ``_foreach_mul_``, ``__iadd__``) writes its
     first argument: torch's naming says so."""

@@ -170,3 +170,40 @@ def test_compiled_summary_cache_follows_identity_and_version():
     assert cache.summary(other)["Mean"] == again["Mean"] and cache.lookup(other) is not None
     cache.clear()
     assert cache.lookup(t) is None
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_running_statistics_are_summarised_as_each_batch_norm_call_read_them(tmp_path, task):
+    """batch_norm updates running_mean/var inside its kernel, with no version bump: the
+    summary of a later call's running statistics must be of their values then, not a
+    cached summary of what an earlier call read."""
+    import json
+
+    from probe import PrecisionDebugger
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                              torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    seen = []   # what each batch_norm call reads as running_mean, in call order
+    for m in net:
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.register_forward_pre_hook(lambda mod, _: seen.append(mod.running_mean.clone()))
+    dbg = PrecisionDebugger(task=task, dump_path=str(tmp_path), level="L1")
+    for _ in range(2):
+        dbg.start()
+        for _ in range(2):   # two forwards a step: each BatchNorm is called twice
+            net(torch.randn(2, 3, 10, 10)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        dbg.stop()
+        dbg.step()
+    calls = []
+    for step in sorted(tmp_path.glob("step*")):
+        data = json.loads(next(step.rglob("dump.json")).read_text())["data"]
+        calls += [data[f"Functional.batch_norm.{i}.forward"] for i in range(4)]
+    assert len(calls) == len(seen) == 8
+    for entry, expected in zip(calls, seen):
+        running_mean = entry["input_args"][1]
+        assert running_mean["Max"] == pytest.approx(expected.max().item(), abs=1e-7)
+        assert running_mean["Mean"] == pytest.approx(expected.mean().item(), abs=1e-7)

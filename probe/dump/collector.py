@@ -18,7 +18,7 @@ from probe.dump.records import ForwardEntry
 from probe.hook_module import grad_capture
 from probe.hook_module.custom_ops import handle_args, mutated_args
 from probe.hook_module.torch_function_off import no_function_mode
-from probe.vocabulary import CUSTOM, in_place, scope_key
+from probe.vocabulary import CUSTOM, HIDDEN_WRITES, in_place, scope_key
 
 
 class CallFilter:
@@ -113,6 +113,16 @@ class _Handles(dict):
 
 
 _handles = _Handles()
+
+
+def _written(slots, args, kwargs):
+    """The tensors at ``slots`` ((position, keyword), ...) of one call, where given."""
+    found = []
+    for i, kw in slots:
+        t = args[i] if i < len(args) else kwargs.get(kw)
+        if isinstance(t, torch.Tensor):
+            found.append(t)
+    return found
 _CUSTOM = CUSTOM + "."
 
 
@@ -180,6 +190,8 @@ class ApiCollector:
             call.target = args[0]
         elif custom:   # a custom op writes what its schema marks (a!)
             call.target = mutated_args(func, args, kwargs) or None
+        elif name in HIDDEN_WRITES:
+            call.target = _written(HIDDEN_WRITES[name], args, kwargs) or None
         call.out_kw = kwargs.get("out")
         if flt.forward:
             if flt.inputs:
