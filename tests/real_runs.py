@@ -53,6 +53,7 @@ API_OF = {
     "bmm.default": ("Torch.matmul", "forward"),                # GPT-2's eager attention scores
     "_softmax.default": ("Functional.softmax", "forward"),     # eager attention's probabilities
     "mean.dim": ("Tensor.mean", "forward"),                    # Llama's RMSNorm variance
+    "rsqrt.default": ("Functional.rms_norm", "forward"),       # llama_rms: F.rms_norm's 1/RMS (CPU decomposes it)
     "linalg_vector_norm.default": ("Torch.linalg.vector_norm", "forward"),  # clip_grad_norm_'s total
     # fused attention (HF's "sdpa"): one API call runs the whole kernel
     "_scaled_dot_product_flash_attention_for_cpu.default": ("Functional.scaled_dot_product_attention", "forward"),
@@ -85,6 +86,20 @@ def llama(seed=0, dropout=0.0, attn="eager"):
     return LlamaForCausalLM(cfg)
 
 
+def llama_rms(seed=0, dropout=0.0, attn="eager"):
+    """Llama whose RMSNorms are ``torch.nn.RMSNorm`` (one ``F.rms_norm`` API call each, as a
+    fused kernel is on a device; HF's own is composed of pow, mean, rsqrt and mul)."""
+    model = llama(seed, dropout, attn)
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child).__name__ == "LlamaRMSNorm":
+                norm = torch.nn.RMSNorm(child.weight.shape[0], eps=child.variance_epsilon)
+                with torch.no_grad():
+                    norm.weight.copy_(child.weight)
+                setattr(module, name, norm)
+    return model
+
+
 def convnet(seed=0, dropout=0.0, attn=None):
     torch.manual_seed(seed)
     return ConvNet()
@@ -95,7 +110,7 @@ def moe(seed=0, dropout=0.0, attn=None):
     return TinyMoE(vocab=VOCAB, d=HIDDEN, n_layers=LAYERS, near_tie=1e-2)   # near-tie routes
 
 
-MODELS = {"gpt2": gpt2, "llama": llama, "conv": convnet, "moe": moe}
+MODELS = {"gpt2": gpt2, "llama": llama, "llama_rms": llama_rms, "conv": convnet, "moe": moe}
 
 
 def _op_name(func) -> str:

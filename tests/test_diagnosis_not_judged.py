@@ -11,6 +11,7 @@ from the injected fault, never from probe's output.
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -93,6 +94,37 @@ def test_layer_norm_fault_after_reordered_gemms_is_named(runs, tmp_path, task):
     assert summary["judged"]["complete"] is True
     culprit = summary["first_divergence"]["forward"]
     assert culprit["input_error"] < 1e-6 < 1e-4 < culprit["output_error"], culprit   # rounding in, a fault out
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("kind, op, nth", [("gpt2", "native_layer_norm.default", 3),
+                                           ("conv", "native_batch_norm.default", 1),
+                                           ("llama_rms", "rsqrt.default", 2)])
+def test_normalizer_scale_in_a_bf16_run_is_named(runs, tmp_path, task, kind, op, nth):
+    """GPT-2 (the conv net, Llama with F.rms_norm) in bf16 against fp32; at step 1 its 4th
+    LayerNorm's (2nd BatchNorm's, 3rd RMSNorm's: its 1/RMS) output comes out 1.2x; step 0,
+    the same bf16 run without a fault, names nothing. The LayerNorm's inputs' statistics
+    differ by ~3% (its bias, 1e-3 in size after one AdamW step, moved by 3% of that), so a 0.2 output
+    difference was no 10x jump: "inherits" in statistics mode; the BatchNorm's by 5e-3,
+    and 0.2 was within 10x bf16's rounding times its amplification (~3): "can't tell".
+    Normalized values have a fixed norm: the output Norm must be what the weight and bias
+    give, within bf16's rounding."""
+    fault = KernelFault(op, nth, 1, "scale", 1.2)
+    npu = run(kind, tmp_path / "npu", task, steps=2, fault=fault, bf16=True)
+    assert fault.applied
+    fault.check_mapping(npu)
+    expected = fault.expected()
+    clean, summary = (s for _, s in compare_steps(npu, runs(kind, task), tmp_path / "out", [0, 1]))
+    assert clean["first_divergence"]["name"] is None and clean["calls"]["introduces"] == 0, _top(clean)
+    assert clean["verdict"].startswith("no API introduces error"), clean["verdict"]
+    assert summary["first_divergence"]["name"] == expected, (expected, *_top(summary))
+    assert summary["verdict"].startswith(expected), summary["verdict"]
+    assert summary["judged"]["complete"] is True
+    culprit = summary["first_divergence"]["forward"]
+    if task == "statistics":       # what the case is about: inputs that differ beyond fp32's tolerance
+        assert culprit["input_error"] > 1e-4, culprit["input_error"]
+        said = re.search(r"its output's Norm is x([0-9.]+) the bench's", summary["verdict"])
+        assert said and abs(float(said.group(1)) - 1.2) < 0.01, summary["verdict"]
 
 
 @pytest.mark.parametrize("task", TASKS)

@@ -47,6 +47,7 @@ from .codes import codes
 from .coverage import Coverage, coverage
 from .draws import DrawCheck
 from .local_error import LocalError, Replays
+from .normalized_norm import NormCheck, norm_check
 from .rows import field_of, numels, stats_of
 from probe.precheck.entries import DROPOUT_ARGS, parse_name
 from probe.python_compat import SLOTS
@@ -113,6 +114,7 @@ class CallDiag(msgspec.Struct, gc=False):
     nonfinite: bool = False        # ... while every input (and, backward, its forward's tensors)
                                    # is finite on both sides: it made them, whatever came before
     amplification: float | None = None   # statistics: how much its statistics let it amplify input error
+    norm: NormCheck | None = None  # statistics, a normalizer: its output Norm against its weight and bias's
     _api: object = _UNPARSED
 
     @property
@@ -174,6 +176,11 @@ class CallDiag(msgspec.Struct, gc=False):
                     f"its inputs (or what its forward call saved) are not finite on both sides: they came in")
         if self.draw is not None:
             return self.draw.reason
+        if self.norm is not None and self.status == "introduces":
+            return (f"its output's Norm is x{self.norm.ratio:.4g} the bench's where its weight and bias give "
+                    f"x{self.norm.expected:.4g}: normalized values have a fixed norm, so its inputs' difference "
+                    f"({self.input_error or 0.0:.3g}) and rounding move it by at most {self.norm.allowed:.2g}, "
+                    f"not {self.norm.departure:.3g}: the kernel scaled its output")
         if self.extremes_off:
             return ("its output's Max and Min are not what its function gives for its own input's Max and "
                     f"Min: the kernel computes something else (its output differs by {self.output_error:.3g})")
@@ -619,8 +626,9 @@ def _mark(calls):
 
 
 def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | None = None,
-           bound: tuple | None = None):
-    """``bound``: statistics mode, a normalizer's (amplification, its input's rounding)."""
+           bound: tuple | None = None, norm: NormCheck | None = None):
+    """``bound``: statistics mode, a normalizer's (amplification, its input's rounding);
+    ``norm``: its output Norm against its weight and bias's (normalized_norm)."""
     if u.nonfinite and u.status not in ("unmatched", "not compared"):
         u.status = "introduces"         # NaN/Inf from finite inputs: whatever came before
         return
@@ -644,6 +652,9 @@ def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | 
         return
     if not beyond:
         u.status = "clean"
+    elif statistics and norm is not None and norm.off:
+        # whatever its inputs' statistics say: its output Norm is its weight's and bias's
+        u.status, u.norm = "introduces", norm
     elif (u.exact_api or u.phase == "optimizer") and (u.input_error or 0.0) > AGREE:
         u.status = "inherits"           # cannot add error of its own / normalises what came in
     elif statistics and u.exact_api:
@@ -1119,7 +1130,9 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
         jump = STATS_JUMP if stats_only and (low or u.input_error) else JUMP
         bound = _amplification(result, u) if stats_only and u.normalizes and u.draw is None \
             and u.output_error is not None and u.output_error > u.threshold else None
-        _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None, bound)
+        norm = norm_check(result, u, errors, bound[0], _SPACING, STATS_JUMP) if bound is not None else None
+        _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None, bound,
+               norm)
     if statistics:
         device += _stats_device_precision(eligible)
         paths_differ = _after_differing_paths(result, calls, drawn)
