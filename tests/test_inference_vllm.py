@@ -63,7 +63,7 @@ def tmp(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def batched(tmp):
-    return _vllm(tmp, "batched", PROMPTS)
+    return _vllm(tmp, "batched", PROMPTS, level="mix")   # mix: L1's APIs and the modules (compared with HF's)
 
 
 @pytest.fixture(scope="module")
@@ -175,13 +175,13 @@ MAPPING = os.path.join(ROOT, "probe", "compare", "mappings", "vllm_hf_llama.yaml
 
 @pytest.fixture(scope="module")
 def one_at_a_time(tmp):
-    return _vllm(tmp, "one_at_a_time", PROMPTS, settings={"PROBE_TEST_MAX_NUM_SEQS": "1"})   # vllm#9567's setting
+    return _vllm(tmp, "one_at_a_time", PROMPTS, level="mix", settings={"PROBE_TEST_MAX_NUM_SEQS": "1"})   # vllm#9567's
 
 
 @pytest.fixture(scope="module")
 def decode_fault(tmp):
     """Attention's output x1.05 in decode steps only (the prefill is clean), one request."""
-    return _vllm(tmp, "decode_fault", PROMPTS[:1], scale=1.05, settings={"PROBE_TEST_ATTN_FAULT_AT": "decode"})
+    return _vllm(tmp, "decode_fault", PROMPTS[:1], scale=1.05, level="mix", settings={"PROBE_TEST_ATTN_FAULT_AT": "decode"})
 
 
 def _compare_run(npu, bench, out, **kw):
@@ -229,11 +229,6 @@ def test_decode_fault_named_with_its_call_step_and_request(batched, decode_fault
 @pytest.fixture(scope="module")
 def served_bf16(tmp):
     return _vllm(tmp, "served_bf16", PROMPTS, level="mix", settings={"PROBE_TEST_DTYPE": "bfloat16"})
-
-
-@pytest.fixture(scope="module")
-def served_fault(tmp):
-    return _vllm(tmp, "served_fault", PROMPTS[:1], level="mix", scale=1.05, settings={"PROBE_TEST_ATTN_FAULT_AT": "decode"})
 
 
 @pytest.fixture(scope="module")
@@ -300,8 +295,8 @@ def test_served_bf16_vs_transformers_fp32_by_request_through_the_layer_mapping(s
     assert any("--layer-mapping" in n for n in bare["notes"]), bare["notes"]
 
 
-def test_served_attention_fault_named_on_the_mapped_module(served_fault, reference, tmp):
-    _tokens, bad, _ = served_fault
+def test_served_attention_fault_named_on_the_mapped_module(decode_fault, reference, tmp):
+    _tokens, bad, _ = decode_fault
     _tokens, ref = reference
     summary = _compare_run(bad, ref, os.path.join(tmp, "compare_served_fault"), layer_mapping=MAPPING)
     first = summary["first_divergence"]
