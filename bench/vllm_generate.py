@@ -11,7 +11,8 @@ of their own (the plugin is set up when the engine starts, from ``PROBE_CONFIG``
 warm-up ``generate``, then ``--rounds`` timed ones. Prints the median seconds per generate,
 the engine steps per generate (each one ``execute_model``, a dumped step), the ratio
 dumped/plain per step, the entries dumped per step and us per entry ((dumped - plain) /
-entries). A measurement, not a test.
+entries). The kernels run on one OpenMP thread unless ``--threads`` (see ``run``). A
+measurement, not a test.
 """
 import argparse
 import json
@@ -67,6 +68,11 @@ def entries(root):
 def run(args, model_dir, dump_root=None):
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if not args.threads:
+        # vLLM's CPU kernels open an OpenMP region each, on threads bound to cores: on a loaded
+        # machine each region waits for its threads to be scheduled (ms), which swamps what
+        # probe adds. One thread, unbound: the kernels run on the calling thread.
+        env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1")
     env.pop("PROBE_CONFIG", None)
     if dump_root:
         cfg = dump_root + ".json"
@@ -90,6 +96,7 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--threads", action="store_true", help="vLLM's own OpenMP threads and binding (default: one thread)")
     args = ap.parse_args()
     try:
         import vllm  # noqa: F401
