@@ -108,7 +108,7 @@ def generate(root, prompts=PROMPTS, batched=True, new_tokens=4, bf16=False, faul
 
 
 def hf_generate(root, prompts=PROMPTS, batched=True, new_tokens=4, bf16=False, fault=None,
-                task="statistics", seed=0):
+                task="statistics", seed=0, level="L1"):
     """The same generation through HF ``generate`` under ``PrecisionDebugger(...,
     inference=True)`` (probe.inference.hf: each forward one step, its layout and per-token
     statistics recorded by probe). ``fault.new_step`` is told each forward's step number by a
@@ -122,7 +122,7 @@ def hf_generate(root, prompts=PROMPTS, batched=True, new_tokens=4, bf16=False, f
             fault.new_step(steps[0])
             steps[0] += 1
         model.register_forward_pre_hook(count, with_kwargs=True)
-    dbg = PrecisionDebugger(dump_path=str(root), task=task, level="L1", inference=True)
+    dbg = PrecisionDebugger(dump_path=str(root), task=task, level=level, inference=True)
     out: list = []
     groups = [list(prompts)] if batched else [[p] for p in prompts]
     try:

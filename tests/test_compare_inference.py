@@ -240,7 +240,7 @@ def test_requests_gathered_rows_are_the_requests(runs):
     ga = gather(a, p.npu, p.judged(), os.path.join(os.path.dirname(runs["batched"][0]), "g_npu"))
     gb = gather(b, p.bench, p.judged(), os.path.join(os.path.dirname(runs["batched"][0]), "g_bench"))
     key = "Functional.embedding.0.forward.output.0"
-    assert ga.positions[key] == gb.positions[key] == list(range(p.judged() - 1))
+    assert ga.positions[key] == gb.positions[key] == list(range(p.judged()))   # every position fed
     assert np.array_equal(ga.rows_of(key), gb.rows_of(key))
 
 
@@ -299,3 +299,61 @@ def test_page_marks_tokens_and_keeps_names_text(runs, tmp_path):
         assert any(hostile + "r3" in n for n in notes), notes
     finally:
         browser.quit()
+
+
+MODULE_MAPPING = """\
+model.layers.*.self_attn.o_proj: model.layers.*.self_attn.o_proj
+model.layers.*.mlp: model.layers.*.mlp
+model.layers.*.post_attention_layernorm.input.0: model.layers.*.post_attention_layernorm.input.0
+model.layers.*.post_attention_layernorm.output.0: model.layers.*.post_attention_layernorm.output.0
+"""
+
+
+def test_layer_mapping_compares_the_mapped_module_rows_per_token(tmp_path):
+    """HF generate at mix level, the o_proj kernel fault at decode step 2: with a layer
+    mapping only the mapped module rows are compared, under the bench's module names, and
+    the faulty o_proj (its input agrees, its output differs) is named with the request and
+    the position. The bench generated a token more: only positions both runs fed are judged."""
+    f = KernelFault("mm.default", O_PROJ_1, 2, "scale", 1.05)
+    npu, bench = str(tmp_path / "fault"), str(tmp_path / "clean")
+    hf_generate(npu, fault=f, level="mix")
+    hf_generate(bench, level="mix", new_tokens=5)
+    mapping = tmp_path / "mapping.yaml"
+    mapping.write_text(MODULE_MAPPING, encoding="utf-8")
+    from probe.compare.run import compare_run
+    s = compare_run(npu, bench, str(tmp_path / "out"), layer_mapping=str(mapping)).summary
+    fd = s["first_divergence"]
+    assert fd is not None and fd["name"] == "Module.model.layers.1.self_attn.o_proj.forward.0", fd
+    assert fd["step"] == 2 and fd["position"] == len(PROMPTS[fd["request"]]) + 1
+    assert "Module.model.layers.1.self_attn.o_proj.Linear.forward.0" in fd["reason"]   # as the NPU run named it
+    assert not any("judged as if its inputs agreed" in n for n in s["notes"]), s["notes"]
+    for e in s["requests"]:
+        # 2 layers x (o_proj, mlp, post_attention_layernorm): nothing else was compared
+        assert e["calls_compared"] == 6 and e["first_differing_token"] is None, e
+        with open(e["report"], encoding="utf-8") as fh:
+            calls = json.load(fh)["calls"]
+        assert calls["unmatched"] == 0 and calls["total"] == 6
+        assert e["judged_positions"] == len(PROMPTS[e["request"]]) + 3   # the NPU's 4 tokens: 3 of them fed
+    mapping.write_text("model.layers.*.mlp.output.0: model.layers.*.mlp.output.0\n", encoding="utf-8")
+    s = compare_run(npu, bench, str(tmp_path / "out2"), layer_mapping=str(mapping)).summary
+    assert any("no input of Module.model.layers.0.mlp.forward.0, Module.model.layers.1.mlp.forward.0 is mapped" in n
+               for n in s["notes"]), s["notes"]   # an output alone: said, as it is judged on it alone
+
+
+def test_layer_mapping_bad_file_and_misuse(runs, tmp_path, capsys):
+    """A mapping that is not one: one line naming the file and the key; --layer-mapping on
+    dumps that are not two inference roots: refused, not ignored."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model.layers.*.mlp.output.0: model.layers.mlp\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: 'model\.layers\.\*\.mlp\.output\.0'.*a row maps to a row"):
+        compare_distributed(runs["batched"][0], runs["single"][0], str(tmp_path / "out"), verbose=False,
+                            layer_mapping=str(bad))
+    bad.write_text("model.layers.*.mlp: model.layers.0.mlp\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"as many \*"):
+        compare_distributed(runs["batched"][0], runs["single"][0], str(tmp_path / "out"), verbose=False,
+                            layer_mapping=str(bad))
+    good = tmp_path / "good.yaml"
+    good.write_text(MODULE_MAPPING, encoding="utf-8")
+    one = os.path.join(runs["batched"][0], "step0", "rank", "dump.json")
+    assert main(["compare", "--npu", one, "--bench", one, "-o", str(tmp_path / "o2"), "--layer-mapping", str(good)]) == 2
+    assert "--layer-mapping" in capsys.readouterr().err

@@ -26,22 +26,25 @@ PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12]]
 MAX_TOKENS = 4
 
 
-def _vllm(tmp, name, prompts, scale=None, config="env", extra=()):
+def _vllm(tmp, name, prompts, scale=None, config="env", extra=(), level="L1", settings=None):
     """One run: (generated token ids per prompt, the dump root, the run's log). ``config``:
-    "env" (PROBE_CONFIG), "additional" (vllm-ascend's additional_config dump_config_path), None."""
+    "env" (PROBE_CONFIG), "additional" (vllm-ascend's additional_config dump_config_path), None.
+    ``settings``: more of tests/vllm_run.py's environment (PROBE_TEST_DTYPE, ...)."""
     out_json = os.path.join(tmp, f"{name}.json")
     dump = os.path.join(tmp, f"{name}_dump")
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=ROOT + os.pathsep + HERE,
                VLLM_CACHE_ROOT=os.path.join(tmp, "vllm_cache"))
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)   # the default engine: EngineCore and Worker processes
-    for key in ("PROBE_TEST_ATTN_SCALE", "PROBE_CONFIG", "PROBE_TEST_ADDITIONAL_CONFIG"):
+    for key in ("PROBE_TEST_ATTN_SCALE", "PROBE_CONFIG", "PROBE_TEST_ADDITIONAL_CONFIG", "PROBE_TEST_ATTN_FAULT_AT",
+                "PROBE_TEST_DTYPE", "PROBE_TEST_MAX_NUM_SEQS"):
         env.pop(key, None)
     if scale is not None:
         env["PROBE_TEST_ATTN_SCALE"] = str(scale)
+    env.update(settings or {})
     if config:
         cfg = os.path.join(tmp, f"{name}_config.json")
         with open(cfg, "w", encoding="utf-8") as f:
-            json.dump({"task": "statistics", "level": "L1", "dump_path": dump}, f)
+            json.dump({"task": "statistics", "level": level, "dump_path": dump}, f)
         env["PROBE_CONFIG" if config == "env" else "PROBE_TEST_ADDITIONAL_CONFIG"] = cfg
     proc = subprocess.run([sys.executable, RUN, os.path.join(tmp, "model"), out_json, json.dumps(prompts),
                            str(MAX_TOKENS), *extra], env=env, cwd=tmp, capture_output=True, text=True, timeout=1200)
@@ -60,7 +63,7 @@ def tmp(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def batched(tmp):
-    return _vllm(tmp, "batched", PROMPTS)
+    return _vllm(tmp, "batched", PROMPTS, level="mix")   # mix: L1's APIs and the modules (compared with HF's)
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +166,143 @@ def test_compiled_mode_dumps_vllms_ops_and_says_what_it_cannot(tmp):
         # vLLM's kernels and attention run outside its graphs: dumped as called
         assert {"Custom._C.onednn_mm", "Custom.vllm.unified_attention_with_output", "Custom._C.greedy_argmax"} <= names
     assert [_read(dump, s, "token_layout.json")["produced"].popitem()[1] for s in steps] == tokens[0]
+
+
+# --- compared by request: batched vs one at a time, a fault at decode, served vs transformers ---
+
+MAPPING = os.path.join(ROOT, "probe", "compare", "mappings", "vllm_hf_llama.yaml")
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(tmp):
+    return _vllm(tmp, "one_at_a_time", PROMPTS, level="mix", settings={"PROBE_TEST_MAX_NUM_SEQS": "1"})   # vllm#9567's
+
+
+@pytest.fixture(scope="module")
+def decode_fault(tmp):
+    """Attention's output x1.05 in decode steps only (the prefill is clean), one request."""
+    return _vllm(tmp, "decode_fault", PROMPTS[:1], scale=1.05, level="mix", settings={"PROBE_TEST_ATTN_FAULT_AT": "decode"})
+
+
+def _compare_run(npu, bench, out, **kw):
+    from probe.compare.run import compare_run
+    return compare_run(npu, bench, out, **kw).summary
+
+
+def _rows_by_step(dump):
+    return {s: _read(dump, s, "token_layout.json")["rows"] for s in _steps(dump)}
+
+
+def test_batched_vs_one_at_a_time_compared_by_request(batched, one_at_a_time, tmp):
+    tokens_b, dump_b, _ = batched
+    tokens_s, dump_s, _ = one_at_a_time
+    assert tokens_b == tokens_s
+    per_step = [{r[0] for r in rows} for rows in _rows_by_step(dump_s).values()]
+    assert all(len(ids) == 1 for ids in per_step)                           # one request a step
+    assert any(len({r[0] for r in rows}) == 2 for rows in _rows_by_step(dump_b).values())   # both in one step
+    summary = _compare_run(dump_b, dump_s, os.path.join(tmp, "compare_batching"))
+    assert summary["kind"] == "inference" and summary["unmatched_requests"] == {"npu": [], "bench": []}
+    requests = summary["requests"]
+    assert [r["request"] for r in requests] == [0, 1]
+    for r, prompt, generated in zip(requests, PROMPTS, tokens_b):
+        assert r["prompt_tokens"] == len(prompt) and r["generated"] == {"npu": generated, "bench": generated}
+        assert r["first_differing_token"] is None
+        assert r["verdict"] == "clean" and r["calls_compared"] > 50, r   # every step's calls, per token
+        assert r["judged_positions"] == len(prompt) + MAX_TOKENS - 1
+    assert summary["first_divergence"] is None
+
+
+def test_decode_fault_named_with_its_call_step_and_request(batched, decode_fault, tmp):
+    _tokens, bad, _ = decode_fault
+    _tokens, clean, _ = batched
+    summary = _compare_run(bad, clean, os.path.join(tmp, "compare_decode_fault"))
+    first = summary["first_divergence"]
+    assert first is not None, summary["notes"]
+    assert first["name"].startswith("Custom.vllm.unified_attention_with_output.")
+    decode = next(s for s, rows in _rows_by_step(bad).items() if any(p == len(PROMPTS[0]) for _r, p, _t, _pad in rows))
+    assert decode >= 1   # the prefill (step 0) is clean: the first decode is named, with the request's row
+    assert (first["request"], first["position"], first["step"]) == (0, len(PROMPTS[0]), decode)
+    # the batched run's second request has no partner in the one-request run: said, not compared
+    assert len(summary["unmatched_requests"]["bench"]) == 1 and len(summary["requests"]) == 1
+
+
+@pytest.fixture(scope="module")
+def served_bf16(tmp):
+    return _vllm(tmp, "served_bf16", PROMPTS, level="mix", settings={"PROBE_TEST_DTYPE": "bfloat16"})
+
+
+@pytest.fixture(scope="module")
+def reference(tmp):
+    """transformers' ``generate`` of the same saved weights, fp32, both prompts in one
+    left-padded batch, dumped at mix level under ``inference=True``."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from probe import PrecisionDebugger
+    model = LlamaForCausalLM.from_pretrained(os.path.join(tmp, "model"), dtype=torch.float32).eval()
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, None
+    dump = os.path.join(tmp, "reference_dump")
+    width = max(map(len, PROMPTS))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
+    dbg = PrecisionDebugger(dump_path=dump, task="statistics", level="mix", inference=True)
+    try:
+        dbg.start(model)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_TOKENS, do_sample=False)
+        dbg.stop()
+    finally:
+        dbg.close()
+    return out[:, width:].tolist(), dump
+
+
+def _pairs(out, tag):
+    """(NPU row, bench row, NPU shape, bench shape) of one request's compare table."""
+    import csv
+    path = next(os.path.join(out, f) for f in sorted(os.listdir(out)) if f.startswith(f"compare_result_{tag}_")
+                and f.endswith(".csv"))
+    with open(path, encoding="utf-8") as f:
+        return [(r["NPU Name"], r["Bench Name"], r["NPU Tensor Shape"], r["Bench Tensor Shape"]) for r in csv.DictReader(f)]
+
+
+def test_served_bf16_vs_transformers_fp32_by_request_through_the_layer_mapping(served_bf16, reference, tmp):
+    tokens_v, served, _ = served_bf16
+    tokens_h, ref = reference
+    out = os.path.join(tmp, "compare_served")
+    summary = _compare_run(served, ref, out, layer_mapping=MAPPING)
+    requests = summary["requests"]
+    assert [r["request"] for r in requests] == [0, 1] and summary["unmatched_requests"] == {"npu": [], "bench": []}
+    for r, prompt, tv, th in zip(requests, PROMPTS, tokens_v, tokens_h):
+        assert r["generated"] == {"npu": tv, "bench": th}                       # tokens compared
+        flip = next((i for i, (a, b) in enumerate(zip(tv, th)) if a != b), None)
+        assert r["first_differing_token"] == flip
+        assert r["verdict"] == ("flip" if flip is not None else "clean"), r     # bf16 rounding blames nothing
+        assert r["calls_compared"] >= 12, r   # embedding, 2 x (norms, attention, o_proj, MLP), final norm
+        rows = {n: (ns, bs) for n, b, ns, bs in _pairs(out, f"request{r['request']}") if n and n == b}
+        n_rows = r["judged_positions"] if flip is None else len(prompt) + flip
+        for layer in (0, 1):
+            for name in (f"Module.model.layers.{layer}.self_attn.forward.0.output.0",
+                         f"Module.model.layers.{layer}.self_attn.o_proj.forward.0.input.0",
+                         f"Module.model.layers.{layer}.mlp.forward.0.output.0",
+                         f"Module.model.layers.{layer}.post_attention_layernorm.forward.0.input.0"):   # residual stream
+                assert rows[name] == (f"[{n_rows}, 64]",) * 2, (name, rows.get(name))   # one row per token, both sides
+        assert rows["Module.model.norm.forward.0.input.0"] == (f"[{n_rows}, 64]",) * 2   # the last decoder layer's output
+    assert summary["first_divergence"] is None
+    # without the mapping: the tokens still compared, nothing named, and the mapping suggested
+    bare = _compare_run(served, ref, os.path.join(tmp, "compare_served_bare"))
+    assert bare["first_divergence"] is None
+    assert [r["generated"] for r in bare["requests"]] == [r["generated"] for r in requests]
+    assert any("--layer-mapping" in n for n in bare["notes"]), bare["notes"]
+
+
+def test_served_attention_fault_named_on_the_mapped_module(decode_fault, reference, tmp):
+    _tokens, bad, _ = decode_fault
+    _tokens, ref = reference
+    summary = _compare_run(bad, ref, os.path.join(tmp, "compare_served_fault"), layer_mapping=MAPPING)
+    first = summary["first_divergence"]
+    assert first is not None, summary["notes"]
+    # o_proj's input (the attention kernel's output) differs first, but o_proj only inherits it:
+    # the attention module whose input agrees and whose output differs is named, at the decode
+    assert first["name"] == "Module.model.layers.0.self_attn.forward.0", first
+    assert (first["request"], first["position"]) == (0, len(PROMPTS[0]))
+    assert first["step"] >= 1 and "LlamaAttention" in first["reason"]

@@ -7,13 +7,17 @@ Greedy generation of the prompts (token ids, no tokenizer) in one ``LLM.generate
 generated token ids per prompt go to OUT_JSON. The probe plugin is active when the caller sets
 ``PROBE_CONFIG`` (or ``PROBE_TEST_ADDITIONAL_CONFIG``: passed as ``additional_config``'s
 ``dump_config_path``, vllm-ascend's form). ``PROBE_TEST_ATTN_SCALE=1.05`` scales the CPU attention's output in every
-process (a fault below the API, inside ``vllm.unified_attention_with_output``).
+process (a fault below the API, inside ``vllm.unified_attention_with_output``); with
+``PROBE_TEST_ATTN_FAULT_AT=decode`` only in steps that decode (one query token per request).
+``PROBE_TEST_DTYPE`` (default float32): the model's dtype in vLLM (bfloat16: a served bf16 run);
+``PROBE_TEST_MAX_NUM_SEQS=1``: the scheduler serves one request at a time (vllm#9567's setting).
 """
 import json
 import os
 import sys
 
 _scale = float(os.environ.get("PROBE_TEST_ATTN_SCALE", "0") or 0)
+_decode_only = os.environ.get("PROBE_TEST_ATTN_FAULT_AT") == "decode"
 if _scale:   # at import: the EngineCore and the worker re-import this file (spawn)
     from vllm.v1.attention.backends import cpu_attn
 
@@ -21,7 +25,7 @@ if _scale:   # at import: the EngineCore and the worker re-import this file (spa
 
     def _scaled(self, layer, query, key, value, kv_cache, attn_metadata, output=None, *args, **kwargs):
         out = _forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
-        if attn_metadata is not None and output is not None:
+        if attn_metadata is not None and output is not None and (not _decode_only or attn_metadata.max_query_len == 1):
             output.mul_(_scale)   # a kernel's numerical fault, below every dumped API
         return out
 
@@ -44,8 +48,9 @@ def main(model_dir, out_json, prompts, max_tokens, eager=True):
     extra = {}
     if os.environ.get("PROBE_TEST_ADDITIONAL_CONFIG"):   # vllm-ascend's --additional-config form
         extra["additional_config"] = {"dump_config_path": os.environ["PROBE_TEST_ADDITIONAL_CONFIG"]}
-    llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=eager, dtype="float32",
-              max_model_len=256, max_num_seqs=8, seed=0, **extra)
+    llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=eager,
+              dtype=os.environ.get("PROBE_TEST_DTYPE", "float32"), max_model_len=256,
+              max_num_seqs=int(os.environ.get("PROBE_TEST_MAX_NUM_SEQS", "8")), seed=0, **extra)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     with open(out_json, "w", encoding="utf-8") as f:

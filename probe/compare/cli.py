@@ -36,6 +36,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--processes", type=int, help="dump roots: local worker processes "
                         "(default: one per core, at most one per pair)")
     parser.add_argument("--no-html", action="store_true", help="do not write compare_report_*.html")
+    parser.add_argument("--layer-mapping", "--layer_mapping", "-lm", dest="layer_mapping", metavar="FILE",
+                        help="inference roots: which module rows of the NPU run are which of the bench's, a "
+                        "JSON/YAML file (a vLLM run against transformers; docs/inference.md)")
     parser.add_argument("--layout", metavar="FILE", help="dump roots with another number of ranks on each "
                         "side (TP/FSDP against one device): how plain tensors are sharded, a JSON/YAML "
                         "file of row-name pattern -> {\"shard_dim\": D} | {\"partial\": \"sum\"} | "
@@ -61,6 +64,12 @@ def options_of(args) -> CompareOptions:
         Output(stack_mode=args.stack_mode, html=not getattr(args, "no_html", False)))
 
 
+def _no_mapping(args) -> None:
+    if getattr(args, "layer_mapping", None):
+        raise ConfigError(f"--layer-mapping {args.layer_mapping}: applies to two inference dump roots (steps with "
+                          "token_layout.json), not to one pair of dumps")
+
+
 def _run(args) -> int:
     from .entry_points import compare, compare_distributed, param_path
     if args.input_path and (args.npu or args.bench):
@@ -77,6 +86,8 @@ def _run(args) -> int:
     bench2 = getattr(args, "bench2", None)
     run_kw: dict = {"options": options, "bench2_dir": bench2, "scheduler": getattr(args, "scheduler", None),
               "processes": getattr(args, "processes", None), "layout": getattr(args, "layout", None)}
+    if getattr(args, "layer_mapping", None):
+        run_kw["layer_mapping"] = args.layer_mapping
     if args.input_path:
         if not os.path.isfile(args.input_path):
             raise FileNotFoundError(f"compare.json not found: {args.input_path}")
@@ -90,6 +101,7 @@ def _run(args) -> int:
             run_kw["bench2_dir"] = bench2 or param_path(param, "bench2_json_path", "bench2_path")
             paths = compare_distributed(npu, bench, args.output_path, **run_kw)
         else:
+            _no_mapping(args)
             if bench2:
                 param["bench2_json_path"] = bench2
             paths = compare(param, args.output_path, options=options)
@@ -102,6 +114,7 @@ def _run(args) -> int:
         npu, bench = find_dumps(args.npu), find_dumps(args.bench)
         inference = is_inference_root(args.npu) and is_inference_root(args.bench)
         if len(npu) == 1 and len(bench) == 1 and not inference:   # two dump.json files or rank dirs: one pair
+            _no_mapping(args)
             if bench2:
                 b2 = find_dumps(bench2)
                 if len(b2) != 1:

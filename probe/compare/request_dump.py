@@ -99,14 +99,15 @@ def row_picker(shape: tuple, layout: Layout, rows: List[Tuple[int, int]], tensor
     return None
 
 
-def _take(arr: np.ndarray, how, picks: list, k: int) -> np.ndarray:
+def _take(arr: np.ndarray, how, picks: list, k: int, unit_seq: bool = True) -> np.ndarray:
     """The picked rows, the tensor's rank kept: HF's [batch, seq, ...] tensors become n
     sequences of one token ([n, 1, ...]), so that a call re-run on them (replay) computes
-    what it computed on the batch, row by row."""
+    what it computed on the batch, row by row; ``unit_seq`` False: [n, ...], as a serving
+    engine's flat token rows are (a run compared against one of those)."""
     idx = [i for i, _ in picks]
     if how == "token":
         flat = arr.reshape((-1,) + arr.shape[k:])[idx]
-        return flat[:, None] if k == 2 else flat
+        return flat[:, None] if k == 2 and unit_seq else flat
     if how in ("last", "batch"):
         return arr[idx]
     d = how[1]
@@ -166,8 +167,10 @@ def _is_tensor(x) -> bool:
 class _Writer:
     """Writes one request's dump folder."""
 
-    def __init__(self, side: Side, req: Request, limit: int, out_dir: str, docs: Optional[dict] = None):
+    def __init__(self, side: Side, req: Request, limit: int, out_dir: str, docs: Optional[dict] = None,
+                 unit_seq: bool = True):
         self.side, self.req, self.limit = side, req, limit
+        self.unit_seq = unit_seq
         self.out_dir = out_dir
         self.data_dir = os.path.join(out_dir, DATA_DIR)
         self.loaded: Dict[int, dict] = docs if docs is not None else {}
@@ -271,7 +274,7 @@ class _Writer:
                 data_dir = os.path.join(os.path.dirname(lay.json_path), DATA_DIR)
                 try:
                     arr = load(resolve(data_dir, x["data_name"]))
-                    part: Any = _take(arr, how, picks, len(lay.token_shape))
+                    part: Any = _take(arr, how, picks, len(lay.token_shape), self.unit_seq)
                 except (OSError, ValueError, IndexError) as exc:
                     log.info("%s: rows of %s not gathered: %s", new, x.get("data_name"), exc)
                     return None
@@ -304,7 +307,7 @@ class _Writer:
             stat_rows = [stat_rows[i] for i in order]
             self.gathered.row_stats[key] = stat_rows
             k = len(self.side.layouts[leaves[0][0]].token_shape)
-            rest_shape = ([1] if k == 2 else []) + list(first["shape"][k:])
+            rest_shape = ([1] if k == 2 and self.unit_seq else []) + list(first["shape"][k:])
             leaf.update(shape=[len(stat_rows)] + rest_shape, **_combine(stat_rows))
         sliced[0] = True
         return leaf
@@ -371,8 +374,10 @@ def _row_name(entry: str, path: tuple) -> str:
     return ".".join(parts)
 
 
-def gather(side: Side, req: Request, limit: int, out_dir: str, docs: Optional[dict] = None) -> Gathered:
+def gather(side: Side, req: Request, limit: int, out_dir: str, docs: Optional[dict] = None,
+           unit_seq: bool = True) -> Gathered:
     """Write ``req``'s rows of positions below ``limit`` as a dump in ``out_dir``. ``docs``:
     the side's dump.json files already parsed, by step (filled as they are read), so that
-    the requests of one run read each step's file once."""
-    return _Writer(side, req, limit, out_dir, docs).run()
+    the requests of one run read each step's file once. ``unit_seq`` False: a [batch, seq]
+    step's rows as [n, ...], not [n, 1, ...] (compared with a run of flat token rows)."""
+    return _Writer(side, req, limit, out_dir, docs, unit_seq).run()

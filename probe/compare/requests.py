@@ -25,11 +25,14 @@ import shutil
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
+import orjson
+
 from . import tokens
+from .layer_mapping import LayerMapping, load_mapping, project
 from .options import CompareOptions
 from .request_dump import Gathered, gather
 
@@ -46,6 +49,7 @@ class RequestOutcome:
     entry: dict                       # the request's entry of compare_summary.json
     paths: list
     step: Optional[int] = None        # the NPU step of its culprit's first differing row
+    inputless: tuple = ()             # mapped entries with no input row (layer mapping)
 
 
 def _differing_row(a: Optional[np.ndarray], b: Optional[np.ndarray]) -> Optional[int]:
@@ -119,17 +123,51 @@ def batch_variant(diag, g_npu: Gathered, g_bench: Gathered) -> Optional[dict]:
     return None
 
 
+def mapped(g: Gathered, mapping: LayerMapping, side: str) -> Tuple[Gathered, List[str]]:
+    """A request's gathered dump reduced to the rows the layer mapping names, under the
+    bench's module names (layer_mapping.py), written beside it as ``dump_mapped.json``; and
+    the entries it maps an output of and no input."""
+    with open(g.json_path, "rb") as fh:
+        doc = orjson.loads(fh.read())
+    p = project(doc.get("data") or {}, mapping, side)
+    out = Gathered(os.path.join(os.path.dirname(g.json_path), "dump_mapped.json"), g.mode)
+    for new, src in p.source_row.items():
+        if src in g.positions:
+            out.positions[new], out.steps_at[new] = g.positions[src], g.steps_at[src]
+        if src in g.row_stats:
+            out.row_stats[new] = g.row_stats[src]
+        if src in g.files:
+            out.files[new] = g.files[src]
+    for target, name in p.source_entry.items():
+        out.origin[target] = g.origin.get(name, [])
+    doc["data"] = p.data
+    with open(out.json_path, "wb") as fh:
+        fh.write(orjson.dumps(doc))
+    return out, p.inputless()
+
+
+def _token_rank(side: tokens.Side) -> set:
+    return {len(lay.token_shape) for lay in side.layouts.values()}
+
+
 def compare_request(pair: tokens.Pair, npu: tokens.Side, bench: tokens.Side, output_path: str,
-                    options: CompareOptions, tag: str, docs: Optional[tuple] = None) -> RequestOutcome:
+                    options: CompareOptions, tag: str, docs: Optional[tuple] = None,
+                    mapping: Optional[LayerMapping] = None) -> RequestOutcome:
     """One request of each run gathered and compared (``docs``: each side's parsed dump.json
-    files by step, shared by the run's requests)."""
+    files by step, shared by the run's requests; ``mapping``: only the rows it names are
+    compared, as the bench's modules)."""
     from .pair_job import compare_pair
     limit = pair.judged()
     folder = os.path.join(output_path, REQUESTS_DIR, tag)
     shutil.rmtree(folder, ignore_errors=True)
     docs = docs or ({}, {})
-    g_npu = gather(npu, pair.npu, limit, os.path.join(folder, "npu"), docs[0])
-    g_bench = gather(bench, pair.bench, limit, os.path.join(folder, "bench"), docs[1])
+    # a serving engine's flat token rows against HF's [batch, seq] ones: both as [n, ...]
+    unit_seq = _token_rank(npu) == _token_rank(bench)
+    g_npu = gather(npu, pair.npu, limit, os.path.join(folder, "npu"), docs[0], unit_seq)
+    g_bench = g_logits = gather(bench, pair.bench, limit, os.path.join(folder, "bench"), docs[1], unit_seq)
+    inputless: List[str] = []
+    if mapping is not None:
+        (g_npu, inputless), (g_bench, _) = mapped(g_npu, mapping, "npu"), mapped(g_bench, mapping, "bench")
     gen_npu, gen_bench = pair.npu.generated(), pair.bench.generated()
     flip = pair.first_differing_token()
     plen = len(pair.npu.prompt)
@@ -141,12 +179,12 @@ def compare_request(pair: tokens.Pair, npu: tokens.Side, bench: tokens.Side, out
                    "report": None, "html": None}
     if flip is not None:
         entry["tokens"] = [gen_npu[flip], gen_bench[flip]]
-        entry["bench_margin"] = _margin(g_bench, plen + flip - 1, max(gen_npu[flip], gen_bench[flip]),
+        entry["bench_margin"] = _margin(g_logits, plen + flip - 1, max(gen_npu[flip], gen_bench[flip]),
                                         gen_bench[flip])
     pr = compare_pair(g_npu.json_path, g_bench.json_path, output_path, options, tag=tag)
     entry["report"] = pr.paths[-1] if pr.summary is not None else None
     entry["html"] = next((p for p in pr.paths if p.endswith(".html")), None)
-    out = RequestOutcome(entry, list(pr.paths))
+    out = RequestOutcome(entry, list(pr.paths), inputless=tuple(inputless))
     diag = pr.diagnosis
     if diag is None:
         return out
@@ -181,11 +219,14 @@ def compare_request(pair: tokens.Pair, npu: tokens.Side, bench: tokens.Side, out
 
 
 def compare_requests(npu_root: str, bench_root: str, output_path: str, options: CompareOptions,
-                     unused: Optional[list] = None):
+                     unused: Optional[list] = None, layer_mapping: Optional[str] = None):
     """Compare two inference roots request by request, in this process; returns
     (summary, summary path, paths written). ``unused``: the run options given that do not
-    apply here (said in the notes)."""
+    apply here (said in the notes); ``layer_mapping``: a layer mapping file
+    (layer_mapping.py), for two runs whose modules are named otherwise (vLLM against
+    transformers)."""
     t0 = time.perf_counter()
+    mapping = load_mapping(layer_mapping) if layer_mapping else None   # a bad file: one line, before any work
     npu_root, bench_root = os.path.abspath(npu_root), os.path.abspath(bench_root)
     output_path = os.path.abspath(output_path)
     os.makedirs(output_path, exist_ok=True)
@@ -193,6 +234,12 @@ def compare_requests(npu_root: str, bench_root: str, output_path: str, options: 
     notes: list = [f"{k} not used: inference roots are compared request by request, in this process"
                    for k in unused or ()]
     ranks = sorted(set(npu_sides) & set(bench_sides))
+    sources = sorted({lay.source for sides in (npu_sides, bench_sides) for side in sides.values()
+                      for lay in side.layouts.values()})
+    if len(sources) > 1 and mapping is None:
+        notes.append(f"the runs come from different engines ({', '.join(sources)}): their calls are named "
+                     "otherwise and few pair; --layer-mapping FILE compares the modules both models have, "
+                     "per token (docs/inference.md)")
     for side, sides, other in (("NPU", npu_sides, bench_sides), ("bench", bench_sides, npu_sides)):
         for r in sorted(set(sides) - set(other)):
             notes.append(f"only the {side} side has rank {r}: not compared")
@@ -210,7 +257,7 @@ def compare_requests(npu_root: str, bench_root: str, output_path: str, options: 
         for pair in pairs:
             tag = f"request{pair.number}" + (f"_rank{rank}" if len(ranks) > 1 else "")
             try:
-                o = compare_request(pair, npu, bench, output_path, options, tag, docs)
+                o = compare_request(pair, npu, bench, output_path, options, tag, docs, mapping)
             except Exception as exc:       # one request must not end the run's answer
                 log.debug("request %s failed:\n%s", pair.number, traceback.format_exc())
                 o = RequestOutcome({"request": pair.number, "npu_id": pair.npu.rid, "bench_id": pair.bench.rid,
@@ -225,6 +272,11 @@ def compare_requests(npu_root: str, bench_root: str, output_path: str, options: 
                          "not compared")
     if not outcomes:
         notes.append("no request of one run has its prompt in the other: nothing compared")
+    inputless = sorted({n for o in outcomes for n in o.inputless})
+    if inputless:
+        notes.append(f"layer mapping {layer_mapping}: no input of {', '.join(inputless[:5])}"
+                     + (f" and {len(inputless) - 5} more" if len(inputless) > 5 else "")
+                     + " is mapped: each is judged as if its inputs agreed (map an input row of it too)")
     summary = build_summary(npu_root, bench_root, outcomes, unmatched, ranks, notes)
     summary_path = os.path.join(output_path, SUMMARY)
     write_summary(summary_path, summary)

@@ -15,6 +15,8 @@ import shutil
 import time
 from dataclasses import dataclass, field
 
+from probe.errors import ConfigError
+
 from .causality import first_of_run, judge_step
 from .dump_tree import find_dumps, label, order, pair_dumps, rank_number, step_number, tag_for
 from .options import CompareOptions, resolve_options
@@ -24,7 +26,8 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "probe.run_summary/1"
 SUMMARY = "compare_summary.json"
-_RUN_KEYWORDS = ("bench2_root", "executor", "scheduler", "processes", "parquet", "layout", "options")
+_RUN_KEYWORDS = ("bench2_root", "executor", "scheduler", "processes", "parquet", "layout", "layer_mapping",
+                 "options")
 
 
 @dataclass
@@ -38,8 +41,8 @@ class RunResult:
 
 def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root: str | None = None,
                 executor=None, scheduler: str | None = None, processes: int | None = None,
-                parquet: bool = True, layout: str | None = None, options: CompareOptions | None = None,
-                **keywords) -> RunResult:
+                parquet: bool = True, layout: str | None = None, layer_mapping: str | None = None,
+                options: CompareOptions | None = None, **keywords) -> RunResult:
     """Compare every step*/rank* pair of two dump trees and answer for the whole run.
 
     ``executor``: a ``concurrent.futures.Executor`` (e.g. a Dask client's
@@ -50,6 +53,8 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
     keywords (stack_mode, fuzzy_match, align, auto_analyze, replay, html, as ``compare``).
     ``layout``: a layout file (layout_file.py) for plain tensors sharded by hand; steps with
     another number of ranks on each side merge their ranks by layout (merged_pair.py).
+    ``layer_mapping``: inference roots only: a layer mapping file (layer_mapping.py), which
+    rows of the NPU run's modules are which of the bench's (vLLM against transformers).
     """
     t0 = time.perf_counter()
     options = resolve_options("compare_run", options, keywords, _RUN_KEYWORDS)
@@ -59,8 +64,12 @@ def compare_run(npu_root: str, bench_root: str, output_path: str, *, bench2_root
         from .requests import compare_requests
         unused = [k for k, v in (("bench2_root", bench2_root), ("layout", layout), ("scheduler", scheduler),
                                  ("executor", executor)) if v]
-        summary, summary_path, paths = compare_requests(npu_root, bench_root, output_path, options, unused=unused)
+        summary, summary_path, paths = compare_requests(npu_root, bench_root, output_path, options, unused=unused,
+                                                        layer_mapping=layer_mapping)
         return RunResult(summary, summary_path, paths, [], time.perf_counter() - t0)
+    if layer_mapping:
+        raise ConfigError(f"layer mapping {layer_mapping}: applies to inference dumps (steps with token_layout.json); "
+                          f"{npu_root} and {bench_root} are not both")
     npu_root, bench_root = os.path.abspath(npu_root), os.path.abspath(bench_root)
     output_path = os.path.abspath(output_path)
     from .merged_pair import plan_merges

@@ -52,6 +52,7 @@ class Request:
     arrival: tuple                      # (first step, first row there): the run's order of arrival
     tokens: Dict[int, int] = field(default_factory=dict)     # position -> token id
     steps: List[int] = field(default_factory=list)
+    fed: int = 0                        # the positions below this were fed to the model (have rows)
 
     def sequence(self) -> List[int]:
         """The prompt and the generated tokens, up to the first position not known."""
@@ -147,6 +148,7 @@ def _requests(layouts: Dict[int, Layout]) -> List[Request]:
             if not req.steps or req.steps[-1] != step:
                 req.steps.append(step)
             req.tokens.setdefault(pos, tok)
+            req.fed = max(req.fed, pos + 1)
             last[rid] = max(pos, last.get(rid, -1))
         for rid, prompt in lay.prompts.items():
             if rid in found and not found[rid].prompt:
@@ -175,7 +177,8 @@ class Pair:
         n = 0
         while n < min(len(a), len(b)) and a[n] == b[n]:
             n += 1
-        return n
+        # a run that generated more tokens fed more positions: those have no row on the other side
+        return min(n, self.npu.fed, self.bench.fed)
 
     def first_differing_token(self) -> Optional[int]:
         """Index into the generated tokens of the first one that differs, or None."""
