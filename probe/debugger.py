@@ -314,7 +314,8 @@ class PrecisionDebugger:
             self._modules.attach(models)
             if level == "mix":
                 self._modules.attach_optimizer()
-        elif level == "L1" and self.model is not None and self.config.task != "overflow_check":
+        elif level == "L1" and self.model is not None and self.config.task != "overflow_check" \
+                and not self.config.inference:   # inference: no backward, and each forward is a step (a walk of the modules each)
             self._modules.attach_reduced(self.model)   # a DDP / FSDP2 model's reduced gradients
         for request in self._whole:
             request.handles = self._modules.attach_whole(request.module, request.name)

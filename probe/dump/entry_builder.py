@@ -140,7 +140,10 @@ class EntryBuilder:
         return ForwardEntry()
 
     def summary(self, t, summaries):
-        s = summaries.cache.summary(t)
+        md5 = self.md5
+        token_shape = self.token_shape
+        # token_stats after md5 in the dict: the compiled summary adds them only without it
+        s = summaries.cache.summary(t, None if md5 else token_shape)
         if s is None:
             local, layout = dtensor_layout.split(t)   # a DTensor: its shard, no collective
             s = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape),
@@ -149,9 +152,9 @@ class EntryBuilder:
                 s.update(layout)
             summaries.add(local, s)
             t = local
-        if self.md5:
+        if md5:
             s["md5"] = stats.crc32(t)
-        if self.token_shape is not None and token_stats.matches(t, self.token_shape):
+        if token_shape is not None and "token_stats" not in s and token_stats.matches(t, token_shape):
             self.token_rows(t, s, summaries.cache)
         return s
 

@@ -44,6 +44,8 @@ _PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 _STRIDED = torch.strided
 # an extension built before summarize_rows existed (not rebuilt since): torch's row reductions
 _summarize_rows = getattr(_cstats, "summarize_rows", None)
+# ... or before summary() took a token_shape: the rows come from token_stats.py
+_with_rows = None if _cstats is None or "token_shape" not in (_cstats.summary.__doc__ or "") else _cstats.summary
 if _cstats is not None:   # what its summary() needs: the common case's whole dict in C
     _cstats.setup(tuple(_PLAIN_TYPES), _KINDS, {dt: str(dt) for dt in _KINDS}, _STRIDED)
 
@@ -245,13 +247,19 @@ class SummaryCache:
         self._entries.clear()
         self._rows.clear()
 
-    def summary(self, t):
+    def summary(self, t, token_shape=None):
         """dump.json's summary dict of ``t`` (type, dtype, shape, Max, Min, Mean, Norm,
         requires_grad) in one compiled call, for a plain contiguous CPU tensor of a dtype
-        ``_cstats`` reads; None for every other tensor, which takes ``reductions``' path."""
+        ``_cstats`` reads; None for every other tensor, which takes ``reductions``' path.
+        With ``token_shape`` (an inference step's), an inference tensor of a floating dtype
+        whose leading dims are it gets its ``token_stats`` in the same call, from the rows
+        ``token_stats.row_reductions`` would reduce (its other tensors' rows are cached
+        beside their summaries there)."""
         if _cstats is None or self.defer_on_cpu:
             return None
-        return _cstats.summary(t, self._entries)
+        if token_shape is None or _with_rows is None:
+            return _cstats.summary(t, self._entries)
+        return _with_rows(t, self._entries, token_shape)
 
     def lookup(self, t):
         return _valid(self._entries.get(id(t)), t)
