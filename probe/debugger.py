@@ -132,7 +132,8 @@ class PrecisionDebugger:
             self._own_folder(rank)
             self._dir_step = self.current_step
             rank_dir = self._step_dir(self.current_step, rank)
-            self._writer.open_dir(rank_dir, self._with_tensors)
+            # an inference step (one forward) is short: its folder is made at once, here
+            self._writer.open_dir(rank_dir, self._with_tensors, here=self.config.inference)
             self._draws.open_step(self.current_step, rank_dir)
         self._attach()
 
