@@ -68,12 +68,16 @@ def dumped(model, ids, mask, new, root, api_list=None):
             json.dump({"task": "statistics", "dump_path": root, "level": "L1", "inference": True,
                        "statistics": {"list": api_list}}, f)
         dbg = PrecisionDebugger(config_path=cfg)
-    t0 = time.perf_counter()     # from start(): the config and registry are read once a run
+    t0, c0 = time.perf_counter(), time.process_time()   # from start(): the config and registry are read once a run
     dbg.start(model)
     out = generate(model, ids, mask, new)
     dbg.stop()
     dbg.close()
+    CPU.append(time.process_time() - c0)
     return time.perf_counter() - t0, out
+
+
+CPU: list = []   # process CPU seconds of each timed run, all threads (--trees: steadier under load than wall time)
 
 
 def entries(root):
@@ -109,18 +113,22 @@ def main():
     none = ["no.such.api"]
     dumped(model, ids, mask, args.new, root, none)
     plain, on, empty = [], [], []
+    cpu = {"plain": [], "empty": [], "on": []}
     for _ in range(args.rounds):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         generate(model, ids, mask, args.new)
         plain.append(time.perf_counter() - t0)
+        cpu["plain"].append(time.process_time() - c0)
         empty.append(dumped(model, ids, mask, args.new, root, none)[0])
+        cpu["empty"].append(CPU[-1])
         on.append(dumped(model, ids, mask, args.new, root)[0])
+        cpu["on"].append(CPU[-1])
     n, steps = entries(root)
     shutil.rmtree(root, ignore_errors=True)
     if os.path.exists(root + ".json"):
         os.remove(root + ".json")
     if args.json:
-        print("RESULT " + json.dumps({"plain": plain, "on": on, "empty": empty, "n": n, "steps": steps}))
+        print("RESULT " + json.dumps({"plain": plain, "on": on, "empty": empty, "n": n, "steps": steps, "cpu": cpu}))
         return None
     off_s, on_s = statistics.median(plain), statistics.median(on)
     print(f"tiny Llama d{args.hidden} x{args.layers} layers, batch {args.batch}, {args.new} new tokens: {steps} steps, "
@@ -150,21 +158,35 @@ def compare_trees(args):
                 print(f"{tree}: failed: {out.stderr.strip().splitlines()[-1:]}")
                 continue
             results[tree].append(json.loads(line[-1][7:]))
-    print(f"{'tree':<28}{'plain s':>9}{'dumped s':>10}{'ratio':>7}{'us/entry':>10}{'zero-entry':>12}{'ms/step':>9}")
+    print(f"{'tree':<28}{'plain s':>9}{'dumped s':>10}{'ratio':>7}{'us/entry':>10}{'zero-entry':>12}{'ms/step':>9}"
+          f"{'ratio, common plain':>21}")
     rows = {}
+    for runs in results.values():
+        for x in runs:
+            x["plain"], x["on"], x["empty"] = (statistics.median(x[k]) for k in ("plain", "on", "empty"))
+    # the plain run is the same code in both trees, yet its time differs between the trees'
+    # children (by up to a third, either way): the last column divides by the plain runs of both
+    common = statistics.median(x["plain"] for runs in results.values() for x in runs) if any(results.values()) else 0
     for tree, runs in results.items():
         if not runs:
             continue
         n, steps = runs[0]["n"], runs[0]["steps"]
-        for x in runs:
-            x["plain"], x["on"], x["empty"] = (statistics.median(x[k]) for k in ("plain", "on", "empty"))
         plain = statistics.median(x["plain"] for x in runs)
         ratio = statistics.median(x["on"] / x["plain"] for x in runs)
         per = statistics.median((x["on"] - x["plain"]) / n * 1e6 for x in runs)
         zero = statistics.median(x["empty"] / x["plain"] for x in runs)
         step = statistics.median((x["empty"] - x["plain"]) / steps * 1e3 for x in runs)
         rows[tree] = (ratio, per, zero)
-        print(f"{tree[-27:]:<28}{plain:>9.3f}{plain * ratio:>10.3f}{ratio:>7.2f}{per:>10.1f}{zero:>12.2f}{step:>9.2f}")
+        on = statistics.median(x["on"] for x in runs)
+        print(f"{tree[-27:]:<28}{plain:>9.3f}{on:>10.3f}{ratio:>7.2f}{per:>10.1f}{zero:>12.2f}{step:>9.2f}"
+              f"{on / common:>21.2f}")
+    print("process CPU time (all threads; waiting for a core on a loaded machine is not in it):")
+    for tree, runs in results.items():
+        if runs:
+            med = {k: statistics.median(statistics.median(x["cpu"][k]) for x in runs) for k in ("plain", "empty", "on")}
+            n = runs[0]["n"]
+            print(f"{tree[-27:]:<28}{med['plain']:>9.3f}{med['on']:>10.3f}{med['on'] / med['plain']:>7.2f}"
+                  f"{(med['on'] - med['plain']) / n * 1e6:>10.1f}{med['empty'] / med['plain']:>12.2f}")
     if len(rows) == 2:
         (r0, p0, z0), (r1, p1, z1) = rows[args.trees[0]], rows[args.trees[1]]
         print(f"after/before: ratio x{r1 / r0:.2f}, us/entry x{p1 / p0:.2f}, zero-entry ratio x{z1 / z0:.2f}")
