@@ -12,7 +12,9 @@ the median seconds per generate, the ratio dumped/plain per step, the entries du
 step and us per entry ((dumped - plain) / entries). A third run, ``list`` matching no API,
 dumps zero entries: every call is still intercepted and counted, and each step still has
 its folder, an empty dump.json and its token layout; its cost per step is what a dumped
-step costs besides its entries. A measurement, not a test.
+step costs besides its entries. ``--trees`` runs each of two source trees in children of its
+own, taking turns, and prints wall and process CPU time per tree and after/before (CPU time is
+the steadier figure on a loaded machine). A measurement, not a test.
 """
 import argparse
 import json
