@@ -1,6 +1,7 @@
 """Compare-engine speed, printed side by side with msprobe when it is installed.
 
     python bench/compare.py [--msprobe /opt/msvenv/bin/msprobe] [--skip-100k] [--skip-tensor]
+                            [--pair DIR] [--pair-only]
 
 1. the fixtures' mix-level statistics pair (tiny_model, step0 vs step1), end to end in a
    fresh process (target 0.5 s; msprobe ~3.2 s);
@@ -11,6 +12,9 @@
    extra API call a third of the way in (sequence shift): the alignment alone (target: a
    few seconds) and the whole compare with diagnosis, end to end;
 4. tensor mode on synthetic .npy dumps (target >= 200 MB/s of tensor data);
+   ``--pair DIR`` times, in the same way, a pair written elsewhere: the common yardstick
+   ``python ../shared/bench/synth_dump.py 100000 DIR`` (dump.json files found under DIR's
+   ``npu`` and ``bench`` folders); ``--pair-only`` times that pair alone;
 5. ``probe --help`` (target < 0.3 s);
 6. a whole run (``--run-only`` for this case alone): a synthetic tree of 16 ranks x 4 steps
    of 20k-entry statistics dumps (``--run-ranks/--run-steps/--run-entries`` to scale), one
@@ -359,6 +363,40 @@ def page_ready_s(html: str):
         d.quit()
 
 
+def time_pair(label, a, b, tmp, before=None, before_label=None):
+    """``probe compare`` of dump.json files ``a`` and ``b`` end to end (best wall and
+    highest peak of two runs), against orjson parsing the same two files in a fresh
+    process (best of two); with ``before``, that checkout's compare in the same run.
+    Returns this tree's first output folder and its (wall, peak)."""
+    mb = (os.path.getsize(a) + os.path.getsize(b)) / 1e6
+    # twice: on a shared machine one run can take half as long again as the other;
+    # the best shows the code, the spread shows the machine (as timeit reports)
+    parse = min(orjson_parse_s(a, b) for _ in range(2))
+    for name, tree in ((f"probe {before_label}", before), ("probe", None)):
+        if name != "probe" and tree is None:
+            continue
+        out = os.path.join(tmp, f"o_{abs(hash((label, name)))}")
+        runs = [probe_compare(a, b, f"{out}_{k}", tree) for k in range(2)]
+        ours = (min(r[0] for r in runs), max(r[1] for r in runs))
+        row(f"{label} ({mb:.0f} MB json), {name}", ours, None, "<= 1.5x parse, <= 600 MB")
+        print(f"{'  -> the two runs':<44} " + ", ".join(f"{w:.2f} s" for w, _ in runs)
+              + f"; x{ours[0] / parse:.2f} the orjson parse")
+    print(f"{'  -> orjson parses the two files into dicts':<44} {parse:8.2f} s (best of 2, "
+          f"fresh process)   target: the compare <= {1.5 * parse:.2f} s")
+    return out + "_0", ours
+
+
+def pair_files(folder):
+    """The npu and bench dump.json under ``folder`` (synth_dump.py's layout)."""
+    found = []
+    for side in ("npu", "bench"):
+        paths = sorted(glob.glob(os.path.join(folder, side, "**", "dump.json"), recursive=True))
+        if len(paths) != 1:
+            raise SystemExit(f"--pair {folder}: expected one dump.json under {side}/, found {len(paths)}")
+        found.append(paths[0])
+    return found
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--msprobe", default=shutil.which("msprobe") or
@@ -373,8 +411,20 @@ def main():
     ap.add_argument("--run-ranks", type=int, default=16)
     ap.add_argument("--run-steps", type=int, default=4)
     ap.add_argument("--run-entries", type=int, default=20_000)
+    ap.add_argument("--pair", metavar="DIR", help="also time the pair written by "
+                    "'python ../shared/bench/synth_dump.py 100000 DIR' (the common yardstick)")
+    ap.add_argument("--pair-only", action="store_true", help="only the --pair case")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="probe_bench_")
+    if args.pair_only:
+        if not args.pair:
+            raise SystemExit("--pair-only needs --pair DIR")
+        try:
+            before = checkout(args.before, tmp) if args.before else None
+            time_pair("shared synth_dump pair", *pair_files(args.pair), tmp, before, args.before)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     if args.run_only:
         try:
             whole_run(tmp, args.run_ranks, args.run_steps, args.run_entries)
@@ -400,23 +450,11 @@ def main():
             b = os.path.join(tmp, "s_bench", "dump.json")
             synth_stats(a, args.entries, 1)
             synth_stats(b, args.entries, 2)
-            mb = (os.path.getsize(a) + os.path.getsize(b)) / 1e6
-            # twice: on a shared machine one run can take half as long again as the other;
-            # the best shows the code, the spread shows the machine (as timeit reports)
-            parse = min(orjson_parse_s(a, b) for _ in range(2))
             before = checkout(args.before, tmp) if args.before else None
-            for label, tree in ((f"probe {args.before}", before), ("probe", None)):
-                if label != "probe" and tree is None:
-                    continue
-                runs = [probe_compare(a, b, os.path.join(tmp, f"o2{'b' if tree else ''}_{k}"), tree) for k in range(2)]
-                ours = (min(r[0] for r in runs), max(r[1] for r in runs))
-                row(f"{args.entries // 1000}k stats pair ({mb:.0f} MB json), {label}", ours, None,
-                    "<= 1.5x parse, <= 600 MB")
-                print(f"{'  -> the two runs':<44} " + ", ".join(f"{w:.2f} s" for w, _ in runs)
-                      + f"; x{ours[0] / parse:.2f} the orjson parse")
-            print(f"{'  -> orjson parses the two files into dicts':<44} {parse:8.2f} s (best of 2, "
-                  f"fresh process)   target: the compare <= {1.5 * parse:.2f} s")
-            page = glob.glob(os.path.join(tmp, "o2_0", "compare_report_*.html"))
+            out, ours = time_pair(f"{args.entries // 1000}k stats pair", a, b, tmp, before, args.before)
+            if args.pair:
+                time_pair("shared synth_dump pair", *pair_files(args.pair), tmp, before, args.before)
+            page = glob.glob(os.path.join(out, "compare_report_*.html"))
             if page:
                 ready = page_ready_s(page[0])
                 print(f"{'  -> its HTML page':<44} {os.path.getsize(page[0]) / 1e6:8.1f} MB, "

@@ -132,7 +132,8 @@ class PrecisionDebugger:
             self._own_folder(rank)
             self._dir_step = self.current_step
             rank_dir = self._step_dir(self.current_step, rank)
-            self._writer.open_dir(rank_dir, self._with_tensors)
+            # an inference step (one forward) is short: its folder is made at once, here
+            self._writer.open_dir(rank_dir, self._with_tensors, here=self.config.inference)
             self._draws.open_step(self.current_step, rank_dir)
         self._attach()
 
@@ -314,7 +315,8 @@ class PrecisionDebugger:
             self._modules.attach(models)
             if level == "mix":
                 self._modules.attach_optimizer()
-        elif level == "L1" and self.model is not None and self.config.task != "overflow_check":
+        elif level == "L1" and self.model is not None and self.config.task != "overflow_check" \
+                and not self.config.inference:   # inference: no backward, and each forward is a step (a walk of the modules each)
             self._modules.attach_reduced(self.model)   # a DDP / FSDP2 model's reduced gradients
         for request in self._whole:
             request.handles = self._modules.attach_whole(request.module, request.name)

@@ -25,6 +25,10 @@ class LogOnce:
             self._said.add(key)
             return True
 
+    def said(self, key) -> bool:
+        """Whether ``key`` was said already (a check that only leads to saying it can stop)."""
+        return key in self._said
+
     def warning(self, key, msg, *args):
         if self.first(key):
             self.logger.warning(msg, *args)

@@ -371,3 +371,30 @@ def test_stack_json_text_is_the_json_of_its_table(make_debugger, dump_dir):
         assert json.loads(stack_text(stacks.parts())) == table
         dbg.step()
         assert load_dump(dump_dir, step, name="stack.json") == table
+
+
+def _exp_of(x):
+    return torch.exp(x)  # the shared frame: naïve «helper» line
+
+
+def test_stack_frames_shared_between_stacks_are_each_stacks_own_lines(make_debugger, dump_dir, stack_keys):
+    """Stacks through one helper from two call sites share its frame (formatted once per
+    table): each stack still names its own caller's line, and each stack's text is
+    exactly ``json.dumps`` of its frames (non-ASCII source escaped as before)."""
+    x = torch.randn(3)
+    dbg = make_debugger()
+    dbg.start()
+    _exp_of(x)  # first call site
+    _exp_of(x)  # second call site
+    dbg.stop()
+    table = dbg._collector.stacks
+    texts = {names[0]: text for names, text in table.parts()}
+    dbg.step()
+    stack = load_dump(dump_dir, name="stack.json")
+    by_name = {n: frames for names, frames in stack.values() for n in names}
+    first, second = by_name["Torch.exp.0.forward"], by_name["Torch.exp.1.forward"]
+    assert first[0] == second[0] and first[0].endswith("naïve «helper» line")
+    assert first[1].endswith("# first call site") and second[1].endswith("# second call site")
+    assert first[2:] == second[2:]
+    for name, frames in by_name.items():
+        assert texts[name] == json.dumps(frames), name

@@ -249,17 +249,55 @@ def test_token_stats_are_the_rows_of_the_tensor_dump(kind, tmp_path):
     assert checked > 100 and skipped > 10
 
 
-def test_token_stats_nan_and_inf_rows(dump_dir):
+def _dump_files(root):
+    """{relative path: bytes} of every file of a dump."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(root, "**", "*"), recursive=True)):
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = f.read()
+    return out
+
+
+def test_inference_tensors_token_stats_in_one_compiled_call_are_bitwise_the_python_path(tmp_path, monkeypatch):
+    """Under ``inference_mode`` every activation is an inference tensor: its summary and its
+    token rows come from one compiled call (``SummaryCache.summary`` with the step's
+    token_shape). The dump's every file is byte for byte what the path before it wrote
+    (``token_stats.row_reductions`` after the whole-tensor summary), bf16 included."""
+    from probe.dump import stats
+    files = {}
+    for path in ("compiled", "python"):
+        if path == "python":
+            monkeypatch.setattr(stats, "_with_rows", None)
+        for amp in (False, True):
+            root = str(tmp_path / f"{path}-{amp}")
+            model = _model("llama")
+            dbg = PrecisionDebugger(dump_path=root, task="statistics", level="L1", inference=True)
+            dbg.start(model)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                _run(model, [PROMPTS, PROMPTS[:1]], new_tokens=3, grad_mode=torch.inference_mode)
+            dbg.stop()
+            dbg.close()
+            files[path, amp] = _dump_files(root)
+    for amp in (False, True):
+        assert files["compiled", amp] == files["python", amp]
+    text = b"".join(v for k, v in files["compiled", True].items() if k.endswith("dump.json"))
+    assert text.count(b'"token_stats"') > 100 and b'"torch.bfloat16"' in text
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_token_stats_nan_and_inf_rows(grad_mode, dump_dir):
     """A request whose prompt holds a token with a NaN (another: an infinite) embedding: its
     rows' statistics are NaN (inf), written as dump.json writes them (``NaN``/``Infinity``),
-    while the other requests' rows stay finite."""
+    while the other requests' rows stay finite; under ``inference_mode`` (rows from the
+    compiled summary) as under ``no_grad``."""
     model = _model("llama")
     with torch.no_grad():
         model.model.embed_tokens.weight[PROMPTS[0][1]] = float("nan")
         model.model.embed_tokens.weight[PROMPTS[2][0], 3] = float("inf")
     dbg = PrecisionDebugger(dump_path=dump_dir, task="statistics", level="L1", inference=True)
     dbg.start(model)
-    _run(model, [PROMPTS], new_tokens=1)
+    _run(model, [PROMPTS], new_tokens=1, grad_mode=grad_mode)
     dbg.stop()
     dbg.close()
     with open(os.path.join(dump_dir, "step0", "rank", "dump.json"), encoding="utf-8") as f:

@@ -269,6 +269,8 @@ static PyObject *summarize(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return reduce(ptr, n, kind);
 }
 
+static PyObject *reduce_rows(const void *ptr, Py_ssize_t rows, Py_ssize_t cols, long kind);
+
 /* summarize_rows(address, rows, cols, kind) -> [[Max, Min, Mean, Norm], ...]: each of `rows`
  * consecutive runs of `cols` elements of a floating kind reduced as summarize() reduces a
  * whole buffer (an inference step's per-token statistics: probe/inference/token_stats.py). */
@@ -286,6 +288,11 @@ static PyObject *summarize_rows(PyObject *self, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_ValueError, "summarize_rows: need a non-null address, rows and cols > 0, a floating kind");
         return NULL;
     }
+    return reduce_rows(ptr, rows, cols, kind);
+}
+
+/* The rows of summarize_rows(); NULL with an error set. */
+static PyObject *reduce_rows(const void *ptr, Py_ssize_t rows, Py_ssize_t cols, long kind) {
     facc *acc = PyMem_Malloc(sizeof(facc) * (size_t)rows);
     if (acc == NULL)
         return PyErr_NoMemory();
@@ -332,7 +339,7 @@ static PyObject *dtype_names;   /* dict: torch.dtype -> "torch.float32", ... */
 static PyObject *strided;       /* torch.strided */
 static PyObject *s_dtype, *s_is_cpu, *s_layout, *s_is_neg, *s_numel, *s_is_contiguous, *s_data_ptr,
     *s_shape, *s_requires_grad, *s_version, *s_is_inference, *k_type, *k_dtype, *k_shape, *k_max, *k_min, *k_mean,
-    *k_norm, *k_requires_grad, *v_tensor;
+    *k_norm, *k_requires_grad, *k_token_stats, *v_tensor;
 
 static PyObject *setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2])) {
@@ -391,8 +398,12 @@ static PyObject *cached(PyObject *cache, PyObject *key, PyObject *t, PyObject *v
 /* Statistics of a plain tensor of the given kind: from the cache when it holds this tensor
  * at this version, else reduced here (when it is a contiguous, non-negated, non-empty CPU
  * tensor) and stored. NULL without an error: not one this path can read. */
-static PyObject *statistics_of(PyObject *t, PyObject *kind_obj, PyObject *cache) {
+static PyObject *statistics_of(PyObject *t, PyObject *kind_obj, PyObject *cache, int *is_inference,
+                               const void **data, Py_ssize_t *numel_out) {
     PyObject *key = PyLong_FromVoidPtr(t), *version = NULL, *value = NULL;
+    *is_inference = 0;
+    *data = NULL;
+    *numel_out = 0;
     if (key == NULL)
         goto done;
     /* An inference tensor (torch.inference_mode) has no version counter, and reading
@@ -402,6 +413,7 @@ static PyObject *statistics_of(PyObject *t, PyObject *kind_obj, PyObject *cache)
     int inference = truth_of(t, s_is_inference, 1);
     if (inference < 0)
         goto done;
+    *is_inference = inference;
     if (!inference) {
         version = PyObject_GetAttr(t, s_version);
         if (version == NULL)
@@ -427,6 +439,8 @@ static PyObject *statistics_of(PyObject *t, PyObject *kind_obj, PyObject *cache)
     if (ptr == NULL)
         goto done;
     value = reduce(ptr, n, PyLong_AsLong(kind_obj));
+    *data = ptr;
+    *numel_out = n;
     if (value == NULL || version == NULL)
         goto done;
     PyObject *ref = PyWeakref_NewRef(t, NULL);
@@ -441,11 +455,39 @@ done:
     return value;
 }
 
+/* token_stats of an inference tensor whose leading dims are token_shape (a tuple of ints):
+ * its rows reduced as summarize_rows() reduces them, as token_stats.row_reductions() would
+ * (1); 0 when the shape does not match; -1 with an error set. */
+static int add_token_rows(PyObject *out, PyObject *shape, PyObject *token_shape, const void *data,
+                          Py_ssize_t numel, long kind) {
+    Py_ssize_t k = PyTuple_GET_SIZE(token_shape), rows = 1;
+    if (k == 0 || PyList_GET_SIZE(shape) < k)
+        return 0;
+    for (Py_ssize_t d = 0; d < k; d++) {
+        Py_ssize_t want = PyLong_AsSsize_t(PyTuple_GET_ITEM(token_shape, d));
+        Py_ssize_t have = PyLong_AsSsize_t(PyList_GET_ITEM(shape, d));
+        if (PyErr_Occurred())
+            return -1;
+        if (want != have)
+            return 0;
+        rows *= want;
+    }
+    if (rows <= 0 || numel % rows)
+        return 0;
+    PyObject *values = reduce_rows(data, rows, numel / rows, kind);
+    if (values == NULL)
+        return -1;
+    int bad = PyDict_SetItem(out, k_token_stats, values);
+    Py_DECREF(values);
+    return bad ? -1 : 1;
+}
+
 static PyObject *summary(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "summary(tensor, cache dict)");
+    if (nargs < 2 || nargs > 3 || !PyDict_Check(args[1]) || (nargs == 3 && args[2] != Py_None && !PyTuple_Check(args[2]))) {
+        PyErr_SetString(PyExc_TypeError, "summary(tensor, cache dict[, token_shape tuple or None])");
         return NULL;
     }
+    PyObject *token_shape = nargs == 3 && args[2] != Py_None ? args[2] : NULL;
     if (plain_types == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "summary: setup() was not called");
         return NULL;
@@ -462,7 +504,10 @@ static PyObject *summary(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     PyObject *dtype_name = dtype == NULL ? NULL : PyDict_GetItemWithError(dtype_names, dtype);
     if (kind_obj == NULL || dtype_name == NULL)
         goto fallback;
-    stats = statistics_of(t, kind_obj, cache);
+    int inference;
+    const void *data;
+    Py_ssize_t numel;
+    stats = statistics_of(t, kind_obj, cache, &inference, &data, &numel);
     if (stats == NULL)
         goto fallback;
     PyObject *shape_obj = PyObject_GetAttr(t, s_shape);
@@ -478,6 +523,12 @@ static PyObject *summary(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyDict_SetItem(out, k_mean, PyTuple_GET_ITEM(stats, 2)) ||
         PyDict_SetItem(out, k_norm, PyTuple_GET_ITEM(stats, 3)) ||
         PyDict_SetItem(out, k_requires_grad, requires_grad ? Py_True : Py_False))
+        Py_CLEAR(out);
+    /* an inference tensor (never cached: reduced just now, data known) of a floating kind;
+     * any other tensor's rows are token_stats.py's, cached as its summary is */
+    long kind = PyLong_AsLong(kind_obj);
+    if (out != NULL && token_shape != NULL && inference && data != NULL && kind <= KIND_F16 &&
+            add_token_rows(out, shape, token_shape, data, numel, kind) < 0)
         Py_CLEAR(out);
     Py_DECREF(shape);
     Py_DECREF(stats);
@@ -495,7 +546,8 @@ static PyMethodDef methods[] = {
     {"summarize_rows", (PyCFunction)(void (*)(void))summarize_rows, METH_FASTCALL,
      "summarize_rows(address, rows, cols, kind) -> [[Max, Min, Mean, Norm], ...] of a contiguous CPU buffer"},
     {"summary", (PyCFunction)(void (*)(void))summary, METH_FASTCALL,
-     "summary(tensor, cache) -> dump.json summary dict of a plain contiguous CPU tensor, else None"},
+     "summary(tensor, cache[, token_shape]) -> dump.json summary dict of a plain contiguous CPU tensor "
+     "(an inference tensor's token_stats too), else None"},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
      "setup(plain_types, kinds, dtype_names, strided): the torch objects summary() needs"},
     {NULL, NULL, 0, NULL},
@@ -509,10 +561,10 @@ PyMODINIT_FUNC PyInit__cstats(void) {
         return NULL;
     PyObject **names[] = {&s_dtype, &s_is_cpu, &s_layout, &s_is_neg, &s_numel, &s_is_contiguous, &s_data_ptr,
                           &s_shape, &s_requires_grad, &s_version, &s_is_inference, &k_type, &k_dtype, &k_shape, &k_max, &k_min,
-                          &k_mean, &k_norm, &k_requires_grad, &v_tensor};
+                          &k_mean, &k_norm, &k_requires_grad, &k_token_stats, &v_tensor};
     const char *texts[] = {"dtype", "is_cpu", "layout", "is_neg", "numel", "is_contiguous", "data_ptr",
                            "shape", "requires_grad", "_version", "is_inference", "type", "dtype", "shape", "Max", "Min",
-                           "Mean", "Norm", "requires_grad", "torch.Tensor"};
+                           "Mean", "Norm", "requires_grad", "token_stats", "torch.Tensor"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if ((*names[k] = PyUnicode_InternFromString(texts[k])) == NULL) {
             Py_DECREF(m);

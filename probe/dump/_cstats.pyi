@@ -16,7 +16,8 @@ def summarize(address: int, numel: int, kind: int) -> Tuple[Any, Any, Any, Any]:
     """(Max, Min, Mean, Norm) of a contiguous CPU buffer."""
 def summarize_rows(address: int, rows: int, cols: int, kind: int) -> List[List[float]]:
     """One [Max, Min, Mean, Norm] per row of a contiguous CPU buffer of a floating kind."""
-def summary(tensor: Any, cache: Dict[Any, Any]) -> Optional[Dict[str, Any]]:
-    """dump.json summary dict of a plain contiguous CPU tensor, else None."""
+def summary(tensor: Any, cache: Dict[Any, Any], token_shape: Optional[Tuple[int, ...]] = None) -> Optional[Dict[str, Any]]:
+    """dump.json summary dict of a plain contiguous CPU tensor, else None; with ``token_shape``,
+    an inference tensor of a floating dtype whose leading dims are it gets "token_stats" too."""
 def setup(plain_types: Tuple[Any, ...], kinds: Dict[Any, int], dtype_names: Dict[Any, str], strided: Any) -> None:
     """The torch objects summary() needs."""

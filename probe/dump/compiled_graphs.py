@@ -33,6 +33,7 @@ import operator
 import os
 import re
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -970,6 +971,9 @@ class CompileHook:
         self._original: Optional[Callable] = None
         self.instrumented = 0   # graphs compiled with their statistics
         self.checking = False   # a graph's first call is comparing its two versions: record nothing
+        # model -> its modules' forwards (``forward_codes``), walked once: after_step runs at
+        # every step, and an inference step (one forward) is short enough for the walk to show
+        self._codes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def install(self):
         if not SUPPORTED:
@@ -992,11 +996,15 @@ class CompileHook:
 
     def after_step(self, model):
         """Say once when ``model`` ran compiled but none of its graphs came through here."""
-        if self._original is None or self.instrumented or model is None:
+        if self._original is None or self.instrumented or model is None or _said.said("not-inductor"):
             return
-        from probe.dump.modules import runs_compiled
+        from probe.dump.modules import forward_codes, runs_compiled
         models = model if isinstance(model, (list, tuple)) else [model]
-        if any(runs_compiled(m) for m in models):
+        codes = self._codes
+        for m in models:
+            if m not in codes:
+                codes[m] = forward_codes(m)
+        if any(runs_compiled(m, codes[m]) for m in models):
             _said.warning("not-inductor", "probe: the model runs compiled but none of its graphs went through "
                           "inductor since the debugger was built (another backend, or compiled before): only "
                           "what runs eagerly is dumped")

@@ -14,6 +14,7 @@ from probe.dump import dtensor_layout, stats
 from probe.dump.fresh_buffers import FreshBuffers
 from probe.dump.records import BackwardEntry, ForwardEntry, describe_value
 from probe.dump.stack import StackTable
+from probe.dump.step_stats import StepStats
 from probe.hook_module.interceptor import guard
 from probe.hook_module.torch_function_off import no_function_mode
 from probe.inference import token_stats
@@ -40,7 +41,7 @@ class Summaries:
     def add(self, t, summary):
         hit = self.cache.lookup(t)
         if hit is None:
-            r = stats.reductions(t)
+            r = stats.reductions(t, self.cache.step_stats)
             if type(r) is not tuple or self.cache.defer_on_cpu:   # waits for one fetch
                 self.todo.append((summary, t, r))
                 return
@@ -101,7 +102,8 @@ class EntryBuilder:
         self.token_shape = None
         self.rows_deferred = None   # async_dump: (summary, TokenRows) fetched at the flush
         self.fresh = FreshBuffers()   # torch.empty buffers not yet written: recorded without values
-        if config.async_dump:
+        if config.async_dump:   # an accelerator's results in one device buffer, fetched at the flush
+            self.cache.step_stats = StepStats()
             self.cache.deferred = []
             self.rows_deferred = []
             writer.before_flush.append(self.fetch_deferred)
@@ -140,7 +142,10 @@ class EntryBuilder:
         return ForwardEntry()
 
     def summary(self, t, summaries):
-        s = summaries.cache.summary(t)
+        md5 = self.md5
+        token_shape = self.token_shape
+        # token_stats after md5 in the dict: the compiled summary adds them only without it
+        s = summaries.cache.summary(t, None if md5 else token_shape)
         if s is None:
             local, layout = dtensor_layout.split(t)   # a DTensor: its shard, no collective
             s = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape),
@@ -149,9 +154,9 @@ class EntryBuilder:
                 s.update(layout)
             summaries.add(local, s)
             t = local
-        if self.md5:
+        if md5:
             s["md5"] = stats.crc32(t)
-        if self.token_shape is not None and token_stats.matches(t, self.token_shape):
+        if token_shape is not None and "token_stats" not in s and token_stats.matches(t, token_shape):
             self.token_rows(t, s, summaries.cache)
         return s
 
@@ -215,7 +220,7 @@ class EntryBuilder:
         pending, self.cache.deferred[:] = list(self.cache.deferred), []
         if pending:
             with guard(), no_function_mode(), real_tensors():   # a flush may come while dynamo compiles
-                values = stats.fetch([r for _, _, r in pending])
+                values = self.cache.step_stats.fetch([r for _, _, r in pending])
             for (summary, _, _), v in zip(pending, values):
                 summary.update(zip(STAT_KEYS, v))
         if self.rows_deferred:

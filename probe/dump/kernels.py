@@ -33,8 +33,9 @@ class _NoCache:
     summary taken before the kernel ran."""
     deferred = None
     defer_on_cpu = False
+    step_stats = None
 
-    def summary(self, t):   # the compiled path would cache it: stats.reductions' path instead
+    def summary(self, t, token_shape=None):   # the compiled path would cache it: stats.reductions' path instead
         return None
 
     def lookup(self, t):

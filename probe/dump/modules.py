@@ -39,12 +39,13 @@ from probe.torch_compat import restore_optimizer_step_hooks, run_eagerly
 _said = LogOnce(logging.getLogger(__name__))
 
 
-def runs_compiled(model) -> bool:
+def runs_compiled(model, codes=None) -> bool:
     """Whether ``model`` is a ``torch.compile`` wrapper, or dynamo already holds compiled
     code for its forward or, when not (dynamo before torch 2.5 leaves a forward whose loop
     over blocks has a graph break uncompiled, and compiles each block), for the forward of
     one of its submodules' own classes (``torch.compile(model)`` called with the original
-    passed to ``start``: known from the second step on)."""
+    passed to ``start``: known from the second step on). ``codes``: those forwards' code
+    objects, when the caller walked the modules already (``forward_codes``)."""
     try:
         from torch._dynamo import eval_frame
         if isinstance(model, eval_frame.OptimizedModule) or getattr(model, "_compiled_call_impl", None):
@@ -52,11 +53,17 @@ def runs_compiled(model) -> bool:
         compiled = eval_frame._debug_get_cache_entry_list
         if compiled(type(model).forward.__code__):
             return True
-        classes = {type(m) for m in model.modules()}
-        return any(compiled(cls.forward.__code__) for cls in classes
-                   if not cls.__module__.startswith("torch.") and hasattr(cls.forward, "__code__"))
+        return any(compiled(code) for code in (forward_codes(model) if codes is None else codes))
     except Exception:       # another torch: dynamo's internals moved; hook as before
         return False
+
+
+def forward_codes(model) -> list:
+    """The code objects of the ``forward`` of ``model``'s own module classes (torch's left out)."""
+    classes = {type(m) for m in model.modules()}
+    return [cls.forward.__code__ for cls in classes
+            if not cls.__module__.startswith("torch.") and hasattr(cls.forward, "__code__")]
+
 
 # A module spans many autograd nodes; grad_capture's per-API walk limit is too small.
 _MODULE_MAX_NODES = 1 << 16

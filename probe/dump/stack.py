@@ -61,6 +61,10 @@ class StackTable:
         self._by_text = {}    # frames as JSON -> id
         self._used = {}       # id -> entry names of this step, in first-use order
         self._codes = []      # per key: the code objects it names by address
+        # (code id, instruction) -> its formatted frame and that as JSON: a new key differs from the ones before it in
+        # a few frames (another call site, the prefill's path through generate), so most
+        # of its frames were formatted already (linecache and f-string per frame otherwise)
+        self._frame_text = {}
 
     def clear(self):
         self._used = {}
@@ -70,6 +74,7 @@ class StackTable:
             self._frames_text = []
             self._by_text = {}
             self._codes = []
+            self._frame_text = {}
 
     def capture(self, entry_name, api_code=None):
         """Record the current stack for ``entry_name``; ``api_code`` is the API's own code object."""
@@ -100,10 +105,22 @@ class StackTable:
         if f is not None and f.f_code is api_code:
             f = f.f_back
         frames = []
+        encoded = []
+        formatted = self._frame_text
         while f is not None:
-            frames.append(_format(f.f_code, f.f_lineno))
+            code = f.f_code
+            # keyed by the instruction: f_lineno scans the code's line table (long for
+            # generate's loop); by the code's id, as hashing a code object hashes its
+            # bytecode (``codes`` keeps every one alive, so no other takes its address)
+            at = (id(code), f.f_lasti)
+            done = formatted.get(at)
+            if done is None:
+                frame = _format(code, f.f_lineno)
+                done = formatted[at] = (frame, json.dumps(frame))
+            frames.append(done[0])
+            encoded.append(done[1])
             f = f.f_back
-        text = json.dumps(frames)
+        text = "[" + ", ".join(encoded) + "]"   # json.dumps(frames), each frame's part encoded once
         sid = self._by_text.get(text)   # the same user stack reached through other plumbing
         if sid is None:
             sid = self._by_text[text] = len(self.stacks)

@@ -13,14 +13,14 @@ host transfer (``fetch``), never one ``.item()`` per scalar.
 import math
 import weakref
 import zlib
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
 
 from probe.torch_compat import aminmax
 
-_FLOAT_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+FLOAT_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}   # the accumulation dtype of half types
 _NUMPY_FAST = (torch.float32, torch.float64)
 _DOT_SAFE = {torch.float32: 1e38, torch.float64: 1e307}
 _maximum = np.maximum.reduce
@@ -44,17 +44,22 @@ _PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 _STRIDED = torch.strided
 # an extension built before summarize_rows existed (not rebuilt since): torch's row reductions
 _summarize_rows = getattr(_cstats, "summarize_rows", None)
+# ... or before summary() took a token_shape: the rows come from token_stats.py
+_with_rows = None if _cstats is None or "token_shape" not in (_cstats.summary.__doc__ or "") else _cstats.summary
 if _cstats is not None:   # what its summary() needs: the common case's whole dict in C
     _cstats.setup(tuple(_PLAIN_TYPES), _KINDS, {dt: str(dt) for dt in _KINDS}, _STRIDED)
 
 
-def reductions(t):
+def reductions(t, rows=None):
     """Start the reductions of ``t`` on its device; ``fetch`` turns them into numbers.
 
     A CPU float32/float64 tensor is summarised on the spot: the (Max, Min, Mean, Norm)
     tuple itself is returned. Returns None for tensors with nothing to reduce (empty,
-    complex, meta), else a ``Pending``.
+    complex, meta), else a ``Pending``. ``rows``: a ``step_stats.StepStats`` whose device
+    buffer takes an accelerator tensor's results (one fused kernel where Triton runs).
     """
+    if rows is not None and rows.wants(t):
+        return rows.add(t)
     dt = t.dtype
     kind = _KINDS.get(dt)
     if kind is not None and type(t) in _PLAIN_TYPES and t.is_cpu and t.layout is _STRIDED and not t.is_neg():
@@ -96,7 +101,7 @@ def device_reductions(t):
         return None
     t = t.detach()
     if dt.is_floating_point:
-        acc = _FLOAT_WIDE.get(dt, dt)
+        acc = FLOAT_WIDE.get(dt, dt)
         mn, mx = aminmax(t)
         if acc is not dt:   # exact: a half's extremes are floats
             mn, mx = mn.to(acc), mx.to(acc)
@@ -117,6 +122,7 @@ class Pending(NamedTuple):
     dtype: torch.dtype
     numel: int
     parts: torch.Tensor   # Max, Min, Sum, Norm, one vector in the accumulation's dtype
+    slot: Optional[tuple] = None   # (buffer, row) where ``parts`` is a row of a StepStats buffer
 
 
 def _cpu_float_summary(t, flat):
@@ -156,14 +162,18 @@ def fetch(pending):
         if type(p) is not Pending:   # summarised on the spot
             out.append(p)
             continue
-        dtype, numel, _ = p
-        mx, mn, s, n = next(values), next(values), next(values), next(values)
-        if dtype == torch.bool:
-            mx, mn = bool(mx), bool(mn)
-        elif not dtype.is_floating_point:
-            mx, mn = int(mx), int(mn)
-        out.append((mx, mn, s / numel, n))
+        out.append(numbers(p, next(values), next(values), next(values), next(values)))
     return out
+
+
+def numbers(p, mx, mn, s, n):
+    """(Max, Min, Mean, Norm) of ``Pending`` ``p`` from its fetched parts."""
+    dtype = p.dtype
+    if dtype == torch.bool:
+        mx, mn = bool(mx), bool(mn)
+    elif not dtype.is_floating_point:
+        mx, mn = int(mx), int(mn)
+    return (mx, mn, s / p.numel, n)
 
 
 def _fake(t):
@@ -235,6 +245,7 @@ class SummaryCache:
     """
 
     deferred = None        # async_dump: a list of summaries whose numbers are fetched at flush
+    step_stats = None      # async_dump: the device buffer accelerator tensors' results go into
     defer_on_cpu = False   # tests: CPU tensors wait for fetch too, as an accelerator's do
 
     def __init__(self):
@@ -245,13 +256,19 @@ class SummaryCache:
         self._entries.clear()
         self._rows.clear()
 
-    def summary(self, t):
+    def summary(self, t, token_shape=None):
         """dump.json's summary dict of ``t`` (type, dtype, shape, Max, Min, Mean, Norm,
         requires_grad) in one compiled call, for a plain contiguous CPU tensor of a dtype
-        ``_cstats`` reads; None for every other tensor, which takes ``reductions``' path."""
+        ``_cstats`` reads; None for every other tensor, which takes ``reductions``' path.
+        With ``token_shape`` (an inference step's), an inference tensor of a floating dtype
+        whose leading dims are it gets its ``token_stats`` in the same call, from the rows
+        ``token_stats.row_reductions`` would reduce (its other tensors' rows are cached
+        beside their summaries there)."""
         if _cstats is None or self.defer_on_cpu:
             return None
-        return _cstats.summary(t, self._entries)
+        if token_shape is None or _with_rows is None:
+            return _cstats.summary(t, self._entries)
+        return _with_rows(t, self._entries, token_shape)
 
     def lookup(self, t):
         return _valid(self._entries.get(id(t)), t)

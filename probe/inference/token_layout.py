@@ -64,10 +64,15 @@ class StepLayout:
 def write_layout(rank_dir: str, layout: StepLayout) -> str:
     """Write ``layout`` into ``rank_dir`` (made if missing) under a temporary name, then rename:
     a reader never sees half a file. Returns the path."""
-    os.makedirs(rank_dir, exist_ok=True)
     path = os.path.join(rank_dir, FILE_NAME)
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(layout.to_json())
+    data = layout.to_json()
+    try:
+        f = open(tmp, "wb")
+    except FileNotFoundError:   # the folder is made only when missing: a step's is there twice a step
+        os.makedirs(rank_dir, exist_ok=True)
+        f = open(tmp, "wb")
+    with f:
+        f.write(data)
     os.replace(tmp, path)
     return path
