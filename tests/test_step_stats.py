@@ -107,3 +107,27 @@ def test_fused_rows_are_torch_rows_within_the_summation_order(dtype, n):
     nan_row, inf_row = s.fetch([s.add(bad), s.add(inf)])
     assert all(math.isnan(v) for v in nan_row)
     assert inf_row[0] == math.inf and inf_row[2] == math.inf and inf_row[3] == math.inf
+
+
+def test_a_failing_fused_kernel_is_said_once_and_the_torch_ops_take_over(monkeypatch, caplog):
+    """A Triton that does not compile for this driver must not cost the statistics: the
+    row comes from the torch ops, and the failure is logged once, not at every tensor."""
+    class Broken:
+        calls = 0
+
+        @classmethod
+        def fused_row(cls, t, row):
+            cls.calls += 1
+            raise RuntimeError("no kernel image for this device")
+
+    monkeypatch.setattr(step_stats, "_kernels", Broken)
+    monkeypatch.setattr(step_stats, "fused_available", lambda t: step_stats.triton_kernels() is not None)
+    monkeypatch.setattr(StepStats, "on_cpu", True)
+    torch.manual_seed(0)
+    tensors = [torch.randn(64, 32).to(dt) for dt in (torch.float32, torch.bfloat16, torch.float16)]
+    buf = StepStats()
+    got = buf.fetch([buf.add(t) for t in tensors])
+    want = stats.fetch([stats.device_reductions(t) for t in tensors])
+    assert got == want
+    assert Broken.calls == 1 and buf.launches_fused == 0
+    assert [r.getMessage().count("fused Triton statistics kernel failed") for r in caplog.records] == [1]

@@ -28,6 +28,7 @@ the summation order (``bench/cuda_check.py`` checks it when a GPU is lent).
 """
 from __future__ import annotations
 
+import logging
 from typing import Dict, List, Optional
 
 import torch
@@ -35,6 +36,7 @@ import torch
 from probe.dump import stats
 from probe.torch_compat import aminmax
 
+logger = logging.getLogger(__name__)
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _kernels: Optional[object] = None   # probe.dump.triton_stats once imported; False where it cannot be
@@ -113,12 +115,25 @@ class StepStats:
         buf, used = slot
         row = buf[used]
         slot[1] = used + 1
-        if fused_available(t):
-            triton_kernels().fused_row(t, row)   # type: ignore[union-attr]
+        if fused_available(t) and self._fused(t, row):
             self.launches_fused += 1
         else:
             _torch_row(t, row)
         return stats.Pending(t.dtype, t.numel(), row, (buf, used))
+
+    @staticmethod
+    def _fused(t, row) -> bool:
+        """The Triton kernel writes ``row``; where it fails (a Triton or driver it does not
+        compile for), said once and the torch ops take over for the rest of the process."""
+        global _kernels
+        try:
+            triton_kernels().fused_row(t, row)   # type: ignore[union-attr]
+            return True
+        except Exception as exc:
+            _kernels = False
+            logger.warning("probe: the fused Triton statistics kernel failed (%s: %s); "
+                           "statistics are computed with torch ops from here on", type(exc).__name__, exc)
+            return False
 
     def restart(self) -> None:
         """Fresh buffers from here on: rows already handed out keep theirs alive."""
