@@ -469,6 +469,44 @@ def _cancellation_floors(result, facts: _RowFacts, n_calls: int, errors):
             errors[i] = e
 
 
+def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
+    """Statistics mode: an input row measured on its call's output scale.
+
+    The floor keeps a tensor that is zero but for cancellation from counting its rounding
+    as a 100% error; on a tensor that is small by its nature it shrinks the error instead
+    (a gradient of 7e-5 against bf16's floor 1e-3: 14x). A call that multiplies such an input
+    up (rsqrt's backward, x^-1.5 ~ 1e5 on Llama's RMSNorm) gives an output above the floor,
+    measured in full: a jump that is only the floor's (Llama bf16 at step 1: 0.0014 in,
+    0.0225 out, where the gradient's own statistics differ by 2%). The floor is carried
+    back through the call's gain (its outputs' magnitude over the input's), so both sides of
+    the jump are measured on one scale; an input's error only grows by it."""
+    tol_dtype = result.columns["Tolerance Dtype"]
+    bench = facts.bench_stats
+    with np.errstate(invalid="ignore"):
+        rms = np.abs(bench[:, 3]) / np.sqrt(np.maximum(facts.bench_numel, 1))
+        magnitude = np.maximum.reduce([np.abs(bench[:, 0]), np.abs(bench[:, 1]), rms])
+    known = np.array([e is not None for e in errors], dtype=bool)
+    finite = np.isfinite(magnitude)
+    outs = np.flatnonzero(facts.out_same & finite & (facts.bench_numel > 0))
+    if not len(outs):
+        return
+    out_scale = _per_call(n_calls, facts.unit[outs], magnitude[outs])
+    ins = np.flatnonzero(facts.bench_in & facts.same_shape & known & finite & (magnitude > 0)
+                         & (facts.bench_numel > 0))
+    if not len(ins):
+        return
+    floor = np.array([tolerance_for(tol_dtype[i]).floor for i in ins.tolist()])
+    gain = out_scale[facts.unit[ins]] / magnitude[ins]
+    small = (magnitude[ins] < floor) & (gain > 1.0)
+    ins, floor, gain = ins[small], floor[small], gain[small]
+    if not len(ins):
+        return
+    for i, e in zip(ins.tolist(), stat_errors(facts.npu_stats[ins], bench[ins], facts.bench_numel[ins],
+                                              floor / gain).tolist()):
+        if not math.isnan(e) and e > errors[i]:
+            errors[i] = e
+
+
 def _units(result, errors, facts: _RowFacts):
     """Rows grouped into calls, in table order (the aligned call sequence); ``facts.unit``
     set to each row's call."""
@@ -500,6 +538,7 @@ def _units(result, errors, facts: _RowFacts):
     facts.unit = np.asarray(unit_of, np.int64)
     if result.mode != "tensor":
         _cancellation_floors(result, facts, len(calls), errors)
+        _gain_floors(result, facts, len(calls), errors)
     _errors_of_calls(result, calls, facts, errors)
     _saved_inputs(calls)
     _one_sided_nonfinite(result, calls, facts)
