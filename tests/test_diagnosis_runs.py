@@ -62,6 +62,10 @@ def clean(dumps, tmp_path_factory):
     ("llama", "tensor", "adamw"),
     ("conv", "tensor", "sgd"),
     ("gpt2", "statistics", "adamw"),
+    # the conv weight gradient at step 1: 6% from a bf16 gradient whose statistics agree to 0.2%
+    ("conv", "statistics", "sgd"),
+    # rsqrt's backward at step 1: its gradient (7e-5 in size) was measured against bf16's floor
+    ("llama", "statistics", "adamw"),
 ])
 def test_clean_bf16_run_names_nothing_at_any_step(clean, kind, task, opt):
     steps = clean(kind, task, opt)

@@ -20,6 +20,11 @@ CASES = {
     "f32_zero_dim": lambda: torch.tensor(-2.5),
     "f32_large_values": lambda: torch.randn(1000) * 1e30,       # squares overflow float32
     "f32_tiny_values": lambda: torch.randn(1000) * 1e-30,
+    # HF's additive attention mask (0 or float32's min): its sum overflows float32
+    "f32_mask_sum_overflows_f32": lambda: torch.where(torch.rand(2, 1, 16, 16) > 0.5, 0.0,
+                                                      torch.finfo(torch.float32).min),
+    "f32_mask_big": lambda: torch.where(torch.rand(40_000) > 0.5, 0.0, torch.finfo(torch.float32).min),
+    "bf16_sum_overflows_f32": lambda: torch.full((64,), -3e38, dtype=torch.bfloat16),
     "f64": lambda: torch.randn(333, dtype=torch.float64),
     "bf16": lambda: (torch.randn(1000) * 100).to(torch.bfloat16),
     "f16": lambda: (torch.randn(300) * 1000).to(torch.float16),

@@ -469,6 +469,44 @@ def _cancellation_floors(result, facts: _RowFacts, n_calls: int, errors):
             errors[i] = e
 
 
+def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
+    """Statistics mode: an input row measured on its call's output scale.
+
+    The floor keeps a tensor that is zero but for cancellation from counting its rounding
+    as a 100% error; on a tensor that is small by its nature it shrinks the error instead
+    (a gradient of 7e-5 against bf16's floor 1e-3: 14x). A call that multiplies such an input
+    up (rsqrt's backward, x^-1.5 ~ 1e5 on Llama's RMSNorm) gives an output above the floor,
+    measured in full: a jump that is only the floor's (Llama bf16 at step 1: 0.0014 in,
+    0.0225 out, where the gradient's own statistics differ by 2%). The floor is carried
+    back through the call's gain (its outputs' magnitude over the input's), so both sides of
+    the jump are measured on one scale; an input's error only grows by it."""
+    tol_dtype = result.columns["Tolerance Dtype"]
+    bench = facts.bench_stats
+    with np.errstate(invalid="ignore"):
+        rms = np.abs(bench[:, 3]) / np.sqrt(np.maximum(facts.bench_numel, 1))
+        magnitude = np.maximum.reduce([np.abs(bench[:, 0]), np.abs(bench[:, 1]), rms])
+    known = np.array([e is not None for e in errors], dtype=bool)
+    finite = np.isfinite(magnitude)
+    outs = np.flatnonzero(facts.out_same & finite & (facts.bench_numel > 0))
+    if not len(outs):
+        return
+    out_scale = _per_call(n_calls, facts.unit[outs], magnitude[outs])
+    ins = np.flatnonzero(facts.bench_in & facts.same_shape & known & finite & (magnitude > 0)
+                         & (facts.bench_numel > 0))
+    if not len(ins):
+        return
+    floor = np.array([tolerance_for(tol_dtype[i]).floor for i in ins.tolist()])
+    gain = out_scale[facts.unit[ins]] / magnitude[ins]
+    small = (magnitude[ins] < floor) & (gain > 1.0)
+    ins, floor, gain = ins[small], floor[small], gain[small]
+    if not len(ins):
+        return
+    for i, e in zip(ins.tolist(), stat_errors(facts.npu_stats[ins], bench[ins], facts.bench_numel[ins],
+                                              floor / gain).tolist()):
+        if not math.isnan(e) and e > errors[i]:
+            errors[i] = e
+
+
 def _units(result, errors, facts: _RowFacts):
     """Rows grouped into calls, in table order (the aligned call sequence); ``facts.unit``
     set to each row's call."""
@@ -500,6 +538,7 @@ def _units(result, errors, facts: _RowFacts):
     facts.unit = np.asarray(unit_of, np.int64)
     if result.mode != "tensor":
         _cancellation_floors(result, facts, len(calls), errors)
+        _gain_floors(result, facts, len(calls), errors)
     _errors_of_calls(result, calls, facts, errors)
     _saved_inputs(calls)
     _one_sided_nonfinite(result, calls, facts)
@@ -626,9 +665,11 @@ def _mark(calls):
 
 
 def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | None = None,
-           bound: tuple | None = None, norm: NormCheck | None = None):
+           bound: tuple | None = None, norm: NormCheck | None = None, rounding: float = 0.0):
     """``bound``: statistics mode, a normalizer's (amplification, its input's rounding);
-    ``norm``: its output Norm against its weight and bias's (normalized_norm)."""
+    ``norm``: its output Norm against its weight and bias's (normalized_norm);
+    ``rounding``: statistics mode, the rounding one side's inputs carry that the other's do
+    not (``_input_rounding``): their elements differ by that much whatever their statistics say."""
     if u.nonfinite and u.status not in ("unmatched", "not compared"):
         u.status = "introduces"         # NaN/Inf from finite inputs: whatever came before
         return
@@ -659,7 +700,7 @@ def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | 
         u.status = "inherits"           # cannot add error of its own / normalises what came in
     elif statistics and u.exact_api:
         u.status = "can't tell"         # a selection adds no error; its statistics moved anyway
-    elif (u.output_error or 0.0) > jump * (u.input_error or 0.0):    # beyond: it is a number
+    elif (u.output_error or 0.0) > jump * max(u.input_error or 0.0, rounding):    # beyond: a number
         if statistics and bound is not None:
             # a normalizer amplifies its input's difference, or the rounding of its input,
             # by at most what its input's statistics bound: a jump beyond that it made
@@ -675,6 +716,30 @@ def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | 
         u.status = "can't tell" if statistics and amplified else "introduces"
     else:
         u.status = "inherits"
+
+
+def _input_rounding(result, u) -> float:
+    """Statistics mode: the spacing (at 1.0) of the lowest precision among the call's inputs
+    held in a bf16/fp16 dtype on one side and another dtype on the other (0.0 where none).
+
+    Such an input's elements differ by its rounding at least, ~2**-8 each for bf16, while
+    its Max/Min/Mean/Norm agree far closer (a Norm moves by ~u/sqrt(N), an extreme by at
+    most u): four statistics say 1e-4 where the elements differ by 0.4%, or by 5% for a
+    gradient through a bf16 BatchNorm backward. An add's output extremes then sit at other
+    elements than its inputs' (a GPT-2 residual add in fp16, 2.7e-3 from inputs "9e-5" apart), a
+    conv's weight gradient sums products that cancel (6% from a gradient "0.2%" apart): the
+    jump is measured from that rounding, as a normalizer's already is (``_amplification``)."""
+    pairs = result.pairs
+    spacing = 0.0
+    for i in u.rows:
+        a, b = pairs[i].npu, pairs[i].bench
+        if a is None or b is None or a.io not in ("input", "parameters") or a.kind != "tensor" \
+                or b.kind != "tensor" or a.dtype == b.dtype:
+            continue
+        for cls in (vd.dtype_class(a.dtype or ""), vd.dtype_class(b.dtype or "")):
+            if cls in _LOW_PRECISION:
+                spacing = max(spacing, _SPACING[cls])
+    return spacing
 
 
 # APIs that divide by their input's spread: a difference in the input, however small against
@@ -1131,8 +1196,10 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
         bound = _amplification(result, u) if stats_only and u.normalizes and u.draw is None \
             and u.output_error is not None and u.output_error > u.threshold else None
         norm = norm_check(result, u, errors, bound[0], _SPACING, STATS_JUMP) if bound is not None else None
+        rounding = _input_rounding(result, u) if stats_only and u.output_error is not None \
+            and u.output_error > u.threshold else 0.0
         _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None, bound,
-               norm)
+               norm, rounding)
     if statistics:
         device += _stats_device_precision(eligible)
         paths_differ = _after_differing_paths(result, calls, drawn)

@@ -3,8 +3,11 @@
 Reductions run in float32 or wider, so bf16/fp16 summaries are not rounded to the
 tensor's own precision. A CPU tensor is summarised in one pass by the compiled
 ``_cstats`` extension (float64 accumulators) when it was built, else through numpy and
-torch (a few calls per tensor); for a plain contiguous CPU tensor the extension builds the
-whole summary dict, checks included. A tensor met again unchanged (the output of one API is
+torch (a few calls per tensor), whose sums accumulate in float64 too: the two paths give
+the same statistics (a float32 sum of HF's additive attention mask, 0 or float32's min,
+overflowed to a Mean of -inf on a machine without a compiler, and a bf16 GPT-2 compare
+named the mask's add with an infinite error). For a plain contiguous CPU tensor the
+extension builds the whole summary dict, checks included. A tensor met again unchanged (the output of one API is
 the input of the next) is summarised once, recognised by identity and its version counter.
 
 On CUDA/NPU the scalars of one call are stacked on the device and fetched with a single
@@ -21,12 +24,18 @@ import torch
 from probe.torch_compat import aminmax
 
 FLOAT_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}   # the accumulation dtype of half types
+
+
+def accumulator(t):
+    """The dtype a floating tensor's Sum and Norm accumulate in: float64 on the CPU, as
+    ``_cstats`` does (a float32 attention mask of -3.4e38 overflows a float32 sum); on a
+    device the dtype's own width, float32 at least."""
+    return torch.float64 if t.is_cpu else FLOAT_WIDE.get(t.dtype, t.dtype)
 _NUMPY_FAST = (torch.float32, torch.float64)
 _DOT_SAFE = {torch.float32: 1e38, torch.float64: 1e307}
 _maximum = np.maximum.reduce
 _minimum = np.minimum.reduce
 _add = np.add.reduce
-_NUMPY_SUM_MAX = 16384
 _NO_STATS = (None, None, None, None)
 
 try:
@@ -101,7 +110,7 @@ def device_reductions(t):
         return None
     t = t.detach()
     if dt.is_floating_point:
-        acc = FLOAT_WIDE.get(dt, dt)
+        acc = accumulator(t)
         mn, mx = aminmax(t)
         if acc is not dt:   # exact: a half's extremes are floats
             mn, mx = mn.to(acc), mx.to(acc)
@@ -127,18 +136,20 @@ class Pending(NamedTuple):
 
 def _cpu_float_summary(t, flat):
     """(Max, Min, Mean, Norm) of a CPU float32/float64 tensor through numpy, 1.5-2x faster
-    than torch here (torch.aminmax alone costs more than numpy's max and min)."""
+    than torch here (torch.aminmax alone costs more than numpy's max and min). The sum
+    accumulates in float64, as ``_cstats`` does: a float32 one overflows where the values
+    are near float32's limits (an additive mask) and loses digits on large tensors."""
     mx = float(_maximum(flat))
     mn = float(_minimum(flat))
     size = flat.size
     big = max(mx, -mn)
     if big * big * size < _DOT_SAFE[t.dtype]:  # finite, and x*x cannot overflow
-        # numpy's pairwise sum is cheaper for small tensors, torch's for large ones
-        s = float(_add(flat)) if size <= _NUMPY_SUM_MAX else torch.sum(t.detach()).item()
+        # numpy's float64 pairwise sum: 5x cheaper than torch's float64 one on large tensors
+        s = float(_add(flat, dtype=np.float64))
         n = math.sqrt(float(flat.dot(flat)))
     else:  # NaN, Inf or huge values: torch, which neither warns nor overflows
         t = t.detach()
-        s = torch.sum(t).item()
+        s = torch.sum(t, dtype=torch.float64).item()
         n = torch.linalg.vector_norm(t, dtype=torch.float64).item()
     return mx, mn, s / size, n
 

@@ -68,7 +68,7 @@ def _torch_row(t, row) -> None:
     dt = t.dtype
     if dt.is_floating_point:
         mn, mx = aminmax(t)   # widened to float64 by the stack: exact
-        acc = stats.FLOAT_WIDE.get(dt, dt)
+        acc = stats.accumulator(t)
         s = torch.sum(t, dtype=acc)
         n = torch.linalg.vector_norm(t, dtype=acc)
     else:

@@ -23,7 +23,6 @@ import torch
 
 from probe.dump import stats
 
-_FLOAT_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -77,7 +76,7 @@ def device_row_reductions(t, rows: int) -> TokenRows:
     """The per-row reductions of ``t`` seen as ``[rows, -1]``, started where it lives (no
     host sync until ``resolve``/``fetch_all``): every tensor but a plain CPU one."""
     x = t.detach().reshape(rows, -1)     # a view when the layout allows, else one copy
-    acc = torch.float64 if x.device.type == "cpu" else _FLOAT_WIDE.get(x.dtype, x.dtype)
+    acc = stats.accumulator(x)
     mx = torch.amax(x, dim=1).to(acc)    # exact: a float's extremes are floats of a wider type
     mn = torch.amin(x, dim=1).to(acc)
     s = torch.sum(x, dim=1, dtype=acc)
