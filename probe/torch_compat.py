@@ -143,10 +143,10 @@ def restore_optimizer_step_hooks() -> int:
 # interceptor included: ``is_compiling()`` folds to True there and the mode steps aside.
 # Before, dynamo runs each op of the code it traces for real on fake tensors, with the
 # mode on the stack (and torch.nn modules with their hooks): the mode must step aside
-# then too (``compiling``). And a Python frame that starts while compiled code runs
-# (the mode's, for each op of the graph; probe's handler, for an API called between two
-# graphs) is compiled as a graph of its own, again for each op (recompiles), unless dynamo
-# is kept out of it (``run_eagerly``).
+# then too (``compiling``). On every torch, a Python frame that starts while compiled code
+# runs (the mode's, for each op of a graph before 2.5; on any torch, for a call dynamo
+# left to run eagerly, a graph break's or a skipped frame's; probe's handler) is compiled
+# as a graph of its own unless dynamo is kept out of it (``run_eagerly``).
 DYNAMO_TRACES_FUNCTION_MODES = TORCH >= (2, 5)
 
 
@@ -171,13 +171,17 @@ compiling_for_patches = is_compiling if COMPILE_SESSION_FLAG else _compiling_or_
 
 
 def run_eagerly(func):
-    """``func``, whose calls and every frame under them run eagerly, unseen by dynamo, on
-    torch < 2.5 (elsewhere ``func`` itself): what ``torch.compiler.disable`` does, without
-    importing dynamo, and without a graph break where dynamo traces a call of it (it
-    traces ``func`` then: a hook that steps aside while compiling). For probe's own work
-    called from inside compiled code."""
-    if DYNAMO_TRACES_FUNCTION_MODES:
-        return func
+    """``func``, whose calls and every frame under them run eagerly, unseen by dynamo's
+    frame callback, where it is called from running code: what ``torch.compiler.disable``
+    does, without importing dynamo, and without a graph break where dynamo traces a call
+    of it (it traces ``func`` then: a mode or hook that steps aside while compiling). For
+    probe's own work called from inside compiled code.
+
+    On torch 2.5+ too: a call dynamo leaves to run eagerly inside a compiled frame (HF
+    Llama's ``lm_head`` after a graph break on torch 2.6) reaches the mode, whose frame
+    dynamo then compiled as a graph of its own. That traced the mode (stepping aside, so
+    the call was not dumped) and ran the call as inductor's kernel in place of the eager
+    one: the gradients were no longer bitwise those of the run without probe."""
     dynamo_frames = torch._C._dynamo.eval_frame
 
     @functools.wraps(func)
@@ -189,13 +193,24 @@ def run_eagerly(func):
             return func(*args, **kwargs)
         finally:
             dynamo_frames.set_eval_frame(prior)
-    dynamo_frames.skip_code(eager.__code__)   # nor is this frame compiled
+    _skip_frame(eager.__code__)   # nor is this frame compiled
     return eager
 
 
-# The code of run_eagerly's frame between a caller and ``func`` (None where it adds none),
-# for what reads the stack at a fixed depth.
-EAGER_FRAME_CODE = None if DYNAMO_TRACES_FUNCTION_MODES else run_eagerly(lambda: None).__code__
+def _skip_frame(code):
+    """Dynamo's frame callback runs ``code``'s frames as they are (not those under them)."""
+    dynamo_frames = torch._C._dynamo.eval_frame
+    skip_code = getattr(dynamo_frames, "skip_code", None)
+    if skip_code is not None:
+        skip_code(code)
+    else:   # newer torch (2.13) has no skip_code in C: the strategy it set, in full
+        dynamo_frames.set_code_exec_strategy(code, dynamo_frames._FrameExecStrategy(
+            dynamo_frames._FrameAction.SKIP, dynamo_frames._FrameAction.DEFAULT))
+
+
+# The code of run_eagerly's frame between a caller and ``func``, for what reads the stack
+# at a fixed depth.
+EAGER_FRAME_CODE = run_eagerly(lambda: None).__code__
 
 
 # FSDP2 (``fully_shard``: parameters become DTensor shards, the module's class becomes

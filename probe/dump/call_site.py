@@ -47,8 +47,8 @@ class _Plan:
 
 
 # Frames between here and the API's own: probe's handler chain, the mode, torch's dispatch
-# (torch < 2.5: run_eagerly's frame round the mode and round the handler, two more).
-_API_FRAME_LIMIT = 8 if EAGER_FRAME_CODE is None else 10
+# and run_eagerly's frame round the mode and round the handler.
+_API_FRAME_LIMIT = 10
 
 
 def as_called(func, args, kwargs, api_frame_limit=_API_FRAME_LIMIT):

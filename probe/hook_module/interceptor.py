@@ -89,7 +89,7 @@ class _Mode(TorchFunctionMode):
         self._interceptor = interceptor
         self._allocators = interceptor.allocators   # id(func) -> None (see watch_allocations)
 
-    @run_eagerly   # torch < 2.5: run for each op of a compiled graph, never compiled
+    @run_eagerly   # called from compiled code (each op of a graph before torch 2.5), never compiled
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
@@ -137,7 +137,7 @@ def _dispatching_original(func):
     The frame that called ``handle_torch_function`` is the original's: call that instead.
     """
     f = sys._getframe(2)
-    if f is not None and f.f_code is EAGER_FRAME_CODE:   # torch < 2.5: the mode's wrapper
+    if f is not None and f.f_code is EAGER_FRAME_CODE:   # the mode's wrapper
         f = f.f_back
     if f is None:
         return None
@@ -224,7 +224,7 @@ class _Patches:
                 return collectives.unwrap(active.call(name, collectives.CollectiveCall(func, attr), args, kwargs))
             return active.call(name, func, args, kwargs)
 
-        wrapper = run_eagerly(patched)   # torch < 2.5: called from compiled code, never compiled
+        wrapper = run_eagerly(patched)   # called from compiled code, never compiled
         wrapper.__name__ = getattr(func, "__name__", attr)
         wrapper.__qualname__ = getattr(func, "__qualname__", attr)
         wrapper.__doc__ = getattr(func, "__doc__", None)
@@ -261,7 +261,7 @@ class Interceptor:
 
     def __init__(self, resolved, handler):
         self.resolved = resolved
-        self.handler = run_eagerly(handler)   # torch < 2.5: called from compiled code, never compiled
+        self.handler = run_eagerly(handler)   # called from compiled code, never compiled
         self.patched_names = {(torch.Tensor, attr): full for attr, full in resolved.operators.patched.items()}
         self.patched_names.update(((owner, attr), full) for owner, attr, full in resolved.patched)
         # Collectives cannot run before a process group exists: patched only once one does.

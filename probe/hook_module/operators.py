@@ -181,8 +181,7 @@ def _plumbing_codes():
     wrapped = getattr(torch.Tensor.__pow__, "__code__", None)
     if wrapped is not None:
         codes.add(wrapped)
-    if EAGER_FRAME_CODE is not None:   # torch < 2.5: the mode runs under a wrapper
-        codes.add(EAGER_FRAME_CODE)
+    codes.add(EAGER_FRAME_CODE)   # the mode runs under run_eagerly's wrapper
     return frozenset(id(c) for c in codes)
 
 
