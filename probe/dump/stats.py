@@ -111,9 +111,7 @@ def device_reductions(t):
     t = t.detach()
     if dt.is_floating_point:
         acc = accumulator(t)
-        mn, mx = aminmax(t)
-        if acc is not dt:   # exact: a half's extremes are floats
-            mn, mx = mn.to(acc), mx.to(acc)
+        mn, mx = aminmax(t)   # widened by the stack below (type promotion): exact, no conversion each
         s = torch.sum(t, dtype=acc)
         n = torch.linalg.vector_norm(t, dtype=acc)
     else:  # ints and bools: exact in float64
