@@ -55,16 +55,6 @@ def worker(model_dir, dump_root, rounds, new, batch):
     print(json.dumps({"seconds": seconds, "tokens": tokens}))
 
 
-def entries(root):
-    n = steps = 0
-    for step in os.listdir(root):
-        for rank in os.listdir(os.path.join(root, step)):
-            with open(os.path.join(root, step, rank, "dump.json"), encoding="utf-8") as f:
-                n += len(json.load(f)["data"])
-            steps += 1
-    return n, steps
-
-
 def run(args, model_dir, dump_root=None):
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -111,6 +101,7 @@ def main():
         plain = run(args, model_dir)
         dumped = run(args, model_dir, root)
         assert plain["tokens"] == dumped["tokens"], "dumping changed the generated tokens"
+        from generate import entries
         n, steps = entries(root)     # the last round's steps (the plain engine schedules the same)
     finally:
         shutil.rmtree(base, ignore_errors=True)
