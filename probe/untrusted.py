@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from probe.errors import DumpError
+from probe.errors import ConfigError, DumpError
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
@@ -120,3 +120,26 @@ def read_json(path: str, what: str = "file") -> Any:
             except (ValueError, RecursionError):
                 pass
         raise json_problem(exc, raw, path, what) from None
+
+
+def read_rules_file(path: str, what: str) -> Any:
+    """The parsed document of a user's rules file (a layout file, a layer mapping): JSON
+    when the name ends in ``.json``, else YAML (safe loader). Missing, not a regular file,
+    not UTF-8, not parseable or nested past the parser's limit: one ``ConfigError`` line
+    naming ``what`` and the file."""
+    if not os.path.lexists(path):
+        raise ConfigError(f"{what} {path}: not found")
+    text = decode_text(read_bytes(path), path, what)   # a regular file of UTF-8 text
+    try:
+        if path.lower().endswith(".json"):
+            return json.loads(text)
+        import yaml
+        return yaml.safe_load(text)
+    except ValueError as exc:          # json.JSONDecodeError, an integer of over 4300 digits
+        raise ConfigError(f"{what} {path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {path}: nested too deeply to read") from None
+    except Exception as exc:           # yaml.YAMLError and its subclasses
+        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None) or str(exc)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise ConfigError(f"{what} {path}: not valid YAML ({where}{problem})") from None

@@ -28,15 +28,13 @@ does not end in ``.json``; a bad file is one ``ConfigError`` line naming the fil
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from probe.errors import ConfigError
-from probe.untrusted import decode_text, read_bytes
+from probe.untrusted import read_rules_file
 
 log = logging.getLogger(__name__)
 
@@ -105,24 +103,7 @@ def parse_mapping(doc, path: str = "<layer mapping>") -> LayerMapping:
 
 def load_mapping(path: str) -> LayerMapping:
     """The validated rules of ``path``; ConfigError (one line) for anything else."""
-    if not os.path.lexists(path):
-        raise ConfigError(f"layer mapping {path}: not found")
-    text = decode_text(read_bytes(path), path, "layer mapping")
-    try:
-        if path.lower().endswith(".json"):
-            doc = json.loads(text)
-        else:
-            import yaml
-            doc = yaml.safe_load(text)
-    except ValueError as exc:
-        raise ConfigError(f"layer mapping {path}: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise ConfigError(f"layer mapping {path}: nested too deeply to read") from None
-    except Exception as exc:           # yaml.YAMLError and its subclasses
-        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None) or str(exc)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        raise ConfigError(f"layer mapping {path}: not valid YAML ({where}{problem})") from None
-    return parse_mapping(doc, path)
+    return parse_mapping(read_rules_file(path, "layer mapping"), path)
 
 
 def _slots(entry: dict) -> List[Tuple[str, object]]:

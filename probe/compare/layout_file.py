@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import json
 import logging
 import math
-import os
 import re
 from dataclasses import dataclass
 
 from probe.errors import ConfigError
-from probe.untrusted import decode_text, read_bytes
+from probe.untrusted import read_rules_file
 
 log = logging.getLogger(__name__)
 
@@ -83,24 +81,7 @@ class LayoutRules:
 
 def load_layout_file(path: str) -> LayoutRules:
     """The validated rules of ``path``; ConfigError (one line) for anything else."""
-    if not os.path.lexists(path):
-        raise ConfigError(f"layout file {path}: not found")
-    text = decode_text(read_bytes(path), path, "layout file")   # a regular file of UTF-8 text
-    try:
-        if path.lower().endswith(".json"):
-            doc = json.loads(text)
-        else:
-            import yaml
-            doc = yaml.safe_load(text)
-    except ValueError as exc:          # json.JSONDecodeError, an integer of over 4300 digits
-        raise ConfigError(f"layout file {path}: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise ConfigError(f"layout file {path}: nested too deeply to read") from None
-    except Exception as exc:           # yaml.YAMLError and its subclasses
-        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None) or str(exc)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        raise ConfigError(f"layout file {path}: not valid YAML ({where}{problem})") from None
-    return parse_layout(doc, path)
+    return parse_layout(read_rules_file(path, "layout file"), path)
 
 
 def parse_layout(doc, path: str = "<layout>") -> LayoutRules:
