@@ -31,6 +31,8 @@ def accumulator(t):
     ``_cstats`` does (a float32 attention mask of -3.4e38 overflows a float32 sum); on a
     device the dtype's own width, float32 at least."""
     return torch.float64 if t.is_cpu else FLOAT_WIDE.get(t.dtype, t.dtype)
+
+
 _NUMPY_FAST = (torch.float32, torch.float64)
 _DOT_SAFE = {torch.float32: 1e38, torch.float64: 1e307}
 _maximum = np.maximum.reduce
