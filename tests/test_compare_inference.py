@@ -177,6 +177,16 @@ def test_statistics_flip_margin_unknown(tmp_path):
     assert s["first_divergence"] is None
     flipped = [e for e in s["requests"] if e["first_differing_token"] is not None]
     assert flipped and all(e["verdict"] == "flip" and e["bench_margin"] is None for e in flipped)
+    # a layer mapping that names no module of these runs: the tokens still differ, but no
+    # call was compared before them: never said as a flip "no call introduces error before"
+    mapping = tmp_path / "mapping.yaml"
+    mapping.write_text("nowhere.*.mlp: nowhere.*.mlp\n", encoding="utf-8")
+    from probe.compare.run import compare_run
+    s = compare_run(npu, bench, str(tmp_path / "out_unmapped"), layer_mapping=str(mapping)).summary
+    assert s["first_divergence"] is None
+    for e in s["requests"]:
+        assert e["calls_compared"] == 0 and e["verdict"] == "not compared", e
+    assert any(e["first_differing_token"] is not None and "not judged" in e["reason"] for e in s["requests"])
 
 
 def _rewrite_ids(root, rename):

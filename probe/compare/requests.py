@@ -204,6 +204,9 @@ def compare_request(pair: tokens.Pair, npu: tokens.Side, bench: tokens.Side, out
         entry.update(verdict="introduces", first=u.name, step=out.step, reason=u.reason or None,
                      step_name=origin.get(out.step) if out.step is not None else None,
                      direction=u.direction, kind=primary.kind)
+    elif flip is not None and not compared:   # differing tokens, nothing judged before them
+        entry["reason"] = (f"request {pair.number}, token {flip}: {gen_npu[flip]} vs {gen_bench[flip]}; "
+                           "no call was compared, so what made them differ is not judged")
     elif flip is not None:
         m = entry["bench_margin"]
         dtype = diag.low_precision or "the dtypes'"
