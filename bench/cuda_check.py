@@ -1,9 +1,11 @@
 """The CUDA paths, measured on a GPU (a lent machine; nothing in the suite needs one).
 
-    python bench/cuda_check.py [--steps 10] [--skip-compiled]
+    python bench/cuda_check.py [--steps 10] [--d 768 2048] [--skip-eager] [--skip-monitor] [--skip-compiled]
 
-1. eager L1 statistics dump of a GPT-2-sized block: step ms off / on, entries per step, and
-   the host synchronisations of a dumped step (``torch.cuda.set_sync_debug_mode``): the
+1. eager L1 statistics dump of a 2-block GPT-2-style model at each width of ``--d``: step ms
+   off and on, for each reduction path (``VARIANTS``: before the step buffer, the buffer
+   written by torch ops, the fused Triton kernel), entries per step, us per entry, and the
+   host synchronisations of a dumped step (``torch.cuda.set_sync_debug_mode``): the
    statistics are reduced on the device and fetched at the dump's flushes, not per call;
 2. the monitor (weights, gradients, activations, interval 10): host synchronisations on a
    step it does not log and on one it does (one transfer per logged interval);
@@ -43,48 +45,92 @@ def syncs_of(fn):
     return sum("synchroniz" in str(w.message) for w in seen)
 
 
-def block_model():
+def block_model(d=768):
     torch.manual_seed(0)
-    return nn.Sequential(*[TransformerBlock(d=768, n_heads=12) for _ in range(2)]).cuda()
+    return nn.Sequential(*[TransformerBlock(d=d, n_heads=d // 64) for _ in range(2)]).cuda()
+
+
+# How a dumped step's statistics are reduced on CUDA: "before" is the path before the step
+# buffer (each tensor's own aminmax/sum/norm/stack vector, joined and fetched at the flush);
+# "torch rows" writes those ops' results into the step buffer; "fused alone" is the Triton
+# kernel, a launch or three per tensor; "fused" takes a foreach op's lists together (two
+# launches a list); "no stats" reduces nothing (every call intercepted and recorded, no
+# statistics): the floor that the reductions sit on.
+VARIANTS = ("before", "torch rows", "fused alone", "fused", "no stats")
+
+
+def _variant(name):
+    """Patches that select one reduction path (step_stats' switches; restored by the caller)."""
+    from probe.dump import step_stats
+    saved = (step_stats.StepStats.wants, step_stats.StepStats.add, step_stats.fused_available,
+             step_stats.StepStats.prefetch)
+    if name == "before":
+        step_stats.StepStats.wants = lambda self, t: False
+    elif name == "torch rows":
+        step_stats.fused_available = lambda t: False
+    elif name == "fused alone":
+        step_stats.StepStats.prefetch = lambda self, values: None
+    elif name == "no stats":
+        step_stats.StepStats.add = lambda self, t: None
+
+    def restore():
+        (step_stats.StepStats.wants, step_stats.StepStats.add, step_stats.fused_available,
+         step_stats.StepStats.prefetch) = saved
+    return restore
 
 
 def eager_dump(args):
-    model = block_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(8, 128, 768, device="cuda")
-    for on in (False, True):
-        tmp = tempfile.mkdtemp(prefix="probe_cuda_")
-        dbg = PrecisionDebugger(dump_path=tmp, task="statistics", level="L1") if on else None
+    """Step time off and on, for each reduction path and each width in ``--d``."""
+    import glob
+    import json
+    for d in args.d:
+        model = block_model(d)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        x = torch.randn(8, 128, d, device="cuda")
+        off_ms = None
+        for variant in (None,) + VARIANTS:
+            tmp = tempfile.mkdtemp(prefix="probe_cuda_")
+            restore = _variant(variant) if variant else None
+            dbg = PrecisionDebugger(dump_path=tmp, task="statistics", level="L1") if variant else None
 
-        def step():
+            def step():
+                if dbg:
+                    dbg.start()
+                opt.zero_grad()
+                model(x).square().mean().backward()
+                opt.step()
+                enqueued.append(time.perf_counter())
+                if dbg:
+                    dbg.stop()
+                    dbg.step()
+            enqueued: list = []
+            for _ in range(3):
+                step()
+            times, host = [], []
+            for _ in range(args.steps):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                step()
+                host.append(enqueued[-1] - t)   # host time to enqueue the step's work (before the flush waits)
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t)
+            n_sync = syncs_of(step)
+            entries = 0
+            ms = statistics.median(times) * 1e3
             if dbg:
-                dbg.start()
-            opt.zero_grad()
-            model(x).square().mean().backward()
-            opt.step()
-            if dbg:
-                dbg.stop()
-                dbg.step()
-        for _ in range(3):
-            step()
-        times = []
-        for _ in range(args.steps):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            step()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t)
-        n_sync = syncs_of(step)
-        entries = 0
-        if dbg:
-            dbg.close()
-            import glob
-            import json
-            path = sorted(glob.glob(os.path.join(tmp, "step*", "*", "dump.json")))[-1]
-            with open(path) as fh:
-                entries = len(json.load(fh)["data"])
-        print(f"eager L1 {'on ' if on else 'off'}: {statistics.median(times) * 1e3:8.2f} ms/step, "
-              f"{entries} entries/step, host syncs in a step: {n_sync}", flush=True)
+                dbg.close()
+                path = sorted(glob.glob(os.path.join(tmp, "step*", "*", "dump.json")))[-1]
+                with open(path) as fh:
+                    entries = len(json.load(fh)["data"])
+            else:
+                off_ms = ms
+            if restore:
+                restore()
+            label = variant or "off"
+            ratio = f"x{ms / off_ms:5.2f}" if off_ms else ""
+            per = f"{(ms - off_ms) * 1e3 / entries:6.1f} us/entry" if entries and off_ms else ""
+            print(f"d={d} eager L1 {label:>10}: {ms:8.2f} ms/step {ratio} {per} (host {statistics.median(host) * 1e3:.2f} "
+                  f"ms), {entries} entries/step, host syncs in a step: {n_sync}", flush=True)
 
 
 def monitor(args):
@@ -150,11 +196,16 @@ def compiled_bitwise():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--d", type=int, nargs="+", default=[768, 2048], help="model widths of the eager case")
+    ap.add_argument("--skip-eager", action="store_true")
+    ap.add_argument("--skip-monitor", action="store_true")
     ap.add_argument("--skip-compiled", action="store_true")
     args = ap.parse_args()
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
-    eager_dump(args)
-    monitor(args)
+    if not args.skip_eager:
+        eager_dump(args)
+    if not args.skip_monitor:
+        monitor(args)
     if not args.skip_compiled:
         compiled_bitwise()
         subprocess.run([sys.executable, os.path.join(HERE, "compiled.py"), "--device", "cuda",
