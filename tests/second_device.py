@@ -5,6 +5,9 @@ from the CPU's without any kernel being wrong.
 
 - ``tf32``: matrix products and convolutions round their fp32 inputs to 10 mantissa bits
   first (TF32 on CUDA's matrix units, HF32 on Ascend's), ~5e-4 relative per product;
+  ``tf32="truncate"`` cuts the low bits off instead (biased toward zero, ~1e-3 a product,
+  as an H200 did), and declares it as a CUDA user does (``torch.backends.cuda.matmul.allow_tf32``
+  on while the device runs: dump.json's math_modes record it);
 - ``split_k``: matrix products sum their K terms in two halves (a blocked or split-K
   kernel: another reduction order, ~sqrt(K) x 6e-8 relative);
 - its own random stream: ``Device(seed=...)`` reseeds torch's generator when it starts,
@@ -24,12 +27,14 @@ _MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.
 _CONVS = {aten.convolution.default}
 
 
-def round_tf32(t: torch.Tensor) -> torch.Tensor:
-    """fp32 ``t`` with its mantissa rounded to 10 bits (nearest, ties away), as TF32 keeps."""
+def round_tf32(t: torch.Tensor, truncate: bool = False) -> torch.Tensor:
+    """fp32 ``t`` with its mantissa cut to 10 bits, as TF32 keeps: to nearest (ties away),
+    or ``truncate``d (toward zero: the low bits dropped, as a matrix unit reading fp32
+    registers as TF32 does without a rounding conversion first)."""
     if t.dtype != torch.float32:
         return t
     bits = t.contiguous().view(torch.int32)
-    rounded = (bits + 0x1000) & ~0x1FFF
+    rounded = (bits if truncate else bits + 0x1000) & ~0x1FFF
     return rounded.view(torch.float32).view(t.shape)
 
 
@@ -41,12 +46,20 @@ class Device(TorchDispatchMode):
     def __enter__(self):
         if self.seed is not None:
             torch.manual_seed(self.seed)
+        self._tf32_was = torch.backends.cuda.matmul.allow_tf32
+        if self.tf32 == "truncate":
+            torch.backends.cuda.matmul.allow_tf32 = True
         return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self._tf32_was
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.tf32 and (func in _MATMULS or func in _CONVS):
-            args = tuple(round_tf32(a) if isinstance(a, torch.Tensor) and a.dim() >= 2 else a for a in args)
+            cut = self.tf32 == "truncate"
+            args = tuple(round_tf32(a, cut) if isinstance(a, torch.Tensor) and a.dim() >= 2 else a for a in args)
         if self.split_k and func in (aten.mm.default, aten.addmm.default):
             return self._split_k(func, args, kwargs)
         return func(*args, **kwargs)

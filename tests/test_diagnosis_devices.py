@@ -58,6 +58,8 @@ CLEAN = [
     ("gpt2", "statistics", {"seed": 7, "bf16": True}, 0.1, "eager"),   # bf16 against fp32 too
     ("gpt2", "tensor", {"tf32": True}, 0.0, "eager"),         # TF32/HF32-like matrix units
     ("gpt2", "statistics", {"tf32": True}, 0.0, "eager"),
+    ("gpt2", "statistics", {"tf32": "truncate"}, 0.0, "eager"),   # TF32 as an H200 ran it: see second_device
+    ("gpt2", "tensor", {"tf32": "truncate"}, 0.0, "eager"),
     ("gpt2", "tensor", {"split_k": True, "seed": 7}, 0.1, "eager"),   # another reduction order
     ("llama", "tensor", {"split_k": True}, 0.0, "sdpa"),      # fused GQA attention against eager
 ]
@@ -89,6 +91,8 @@ FAULTS = [
     ("gpt2", "tensor", {"seed": 7}, 0.1, "eager", ("tanh_backward.default", 1, 2, "scale", 1.02)),
     ("gpt2", "tensor", {"split_k": True, "seed": 7}, 0.1, "eager", ("addmm.default", 0, 0, "poke", 0.5)),
     ("gpt2", "statistics", {"tf32": True}, 0.0, "eager", ("tanh.default", 1, 1, "scale", 1.5)),
+    # a matrix product 5% off (the demo's fault, named on an H200) in a run that declares TF32
+    ("gpt2", "tensor", {"tf32": "truncate"}, 0.0, "eager", ("addmm.default", 3, 1, "scale", 1.05)),
     ("llama", "tensor", {"split_k": True}, 0.0, "sdpa",
      ("_scaled_dot_product_flash_attention_for_cpu_backward.default", 0, 1, "scale", 1.02)),
     ("llama", "tensor", {"tf32": True}, 0.0, "sdpa",
@@ -108,6 +112,24 @@ def test_fault_on_a_device_named_at_its_step(runs, tmp_path, kind, task, device,
     assert summary["first_divergence"]["name"] == expected, \
         (expected, summary["verdict"], [(x["npu_name"], x["reason"]) for x in summary["suspects"][:3]])
     assert summary["verdict"].startswith(expected), summary["verdict"]
+
+
+def test_a_call_statistics_cannot_judge_is_said_not_passed_as_clean(runs, tmp_path):
+    """Statistics mode, a run that declares truncated TF32 (every product moves by up to
+    2e-3), a matrix product 5% off at step 1 whose inputs already differ: four statistics
+    can't tell it from amplification. The verdict must say so, naming it, and never that
+    no API introduces error (it said that before)."""
+    fault = KernelFault("addmm.default", 3, 1, "scale", 1.05)
+    npu = run("gpt2", tmp_path / "npu", "statistics", steps=2, fault=fault, device=Device(tf32="truncate"))
+    summary = compare_steps(npu, runs("gpt2", "statistics"), tmp_path / "out", [1])[0][1]
+    verdict = summary["verdict"]
+    assert "no API introduces error" not in verdict, verdict
+    if summary["first_divergence"]["name"] is None:
+        assert summary["calls"]["can't tell"] >= 1, summary["calls"]
+        assert f"can't be told from statistics, first {fault.expected()}" in verdict, verdict
+        assert "the TF32/HF32 precision the runs declared" in verdict, verdict
+    else:   # named outright: better still
+        assert summary["first_divergence"]["name"] == fault.expected(), verdict
 
 
 def _wrong_scale_dropout(original):

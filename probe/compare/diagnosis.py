@@ -72,6 +72,15 @@ MATRIX_UNIT = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "addbmm", "ba
                          "__rmatmul__", "einsum", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
                          "conv_transpose2d", "conv_transpose3d", "scaled_dot_product_attention", "Conv1D"})
 _LOW_PRECISION = ("bfloat16", "float16")
+# A run that declares reduced-precision products (TF32/HF32: dump/math_modes.py) cuts each
+# fp32 factor to 10 mantissa bits, toward zero on a matrix unit that reads fp32 registers
+# as TF32 (an H200 did: bench/cuda_cross_device.py): up to 2^-10 per factor, 2^-9 a product,
+# and a sum of same-signed products keeps that bias whole. A matrix-unit call of such a
+# run is held to this on its own output, not to fp32's 1e-4.
+REDUCED_PRODUCT = 2.0 ** -9
+_MATMUL_SETTINGS = ("cuda.matmul.allow_tf32", "npu.matmul.allow_hf32", "float32_matmul_precision=")
+_CONV_SETTINGS = ("npu.conv.allow_hf32",)   # cudnn.allow_tf32 is on by default, CPU runs too: it says nothing
+_CONVS = frozenset(a for a in MATRIX_UNIT if a.startswith("conv"))
 
 
 _UNPARSED = object()
@@ -108,6 +117,7 @@ class CallDiag(msgspec.Struct, gc=False):
     device_error: float | None = None    # ... and its typical local error
     extremes_off: bool = False     # statistics: its output's Max/Min are not its function of its input's
     normalizes: bool = False       # divides by its input's spread: amplifies what came in
+    declared: float = 0.0          # its own error allowed by the runs' declared math modes (REDUCED_PRODUCT)
     note: str = ""                 # why a "can't tell" comes from outside the numbers (a shard merge)
     nonfinite_out: str = ""        # its first output row with NaN/Inf on one side only ("" if none)
     nonfinite_side: str = ""       # ... the side that has them ("NPU" / "bench")
@@ -140,7 +150,7 @@ class CallDiag(msgspec.Struct, gc=False):
 
     @property
     def threshold(self) -> float:
-        return max(self.tolerance, NOISE_FACTOR * (self.noise or 0.0))
+        return max(self.tolerance, self.declared, NOISE_FACTOR * (self.noise or 0.0))
 
     @property
     def input_threshold(self) -> float:
@@ -1104,6 +1114,27 @@ def _after_differing_paths(result, calls, drawn) -> str | None:
     return shaped.npu_entry if shaped is not None and shaped.index == first else None
 
 
+def _declared_precision(result, calls) -> None:
+    """Matrix-unit calls with fp32 outputs, in a pair where either run declares reduced-precision
+    products for them, are allowed ``REDUCED_PRODUCT`` of their own error (``declared``)."""
+    from probe.dump.math_modes import reduced_precision
+    on: list = []
+    for side in (result.npu, result.bench):
+        if side is not None and side.meta.math_modes:
+            on += reduced_precision(side.meta.math_modes)
+    matmuls = any(k.startswith(_MATMUL_SETTINGS) for k in on)
+    convs = any(k.startswith(_CONV_SETTINGS) for k in on)
+    if not (matmuls or convs):
+        return
+    f32 = vd.TOLERANCES["float32"].rtol
+    for u in calls:
+        if not u.api_key or u.tolerance != f32:   # fp32 outputs only: TF32/HF32 take fp32 products
+            continue
+        api = u.api_key.rsplit(".", 1)[0].split(".", 1)[-1]
+        if api in MATRIX_UNIT and (convs if api in _CONVS else matmuls):
+            u.declared = REDUCED_PRODUCT
+
+
 def _stats_device_precision(calls) -> list:
     """Statistics mode's counterpart of _device_precision: when most calls of one API (the
     matrix-unit family pooled) whose inputs agree within their tolerance still differ
@@ -1175,6 +1206,7 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
     calls = _units(result, errors, facts)
     _mark(calls)
     low = _low_precision(result)
+    _declared_precision(result, calls)
     for u in calls:
         if noise and u.bench_entry in noise:
             u.noise_in, u.noise = noise[u.bench_entry]

@@ -135,11 +135,22 @@ def verdict_text(diag, primary) -> str:
         return "; ".join([f"{u.name}{where} introduces error: {u.reason}"] + parts + gaps)
     dtype = diag.low_precision or "the dtypes compared"
     explains = f"{dtype} and the NPU side's measured precision" if diag.device else dtype
+    if any(u.declared and u.output_error is not None and u.output_error > u.tolerance for u in diag.calls):
+        explains += " and the TF32/HF32 precision the runs declared (math_modes)"
+    # a call statistics could not judge is no clean call: said, with the first of them
+    unsure = [u for u in diag.calls if u.status == "can't tell"]
+    if unsure:
+        first = unsure[0]
+        parts.append(f"{len(unsure)} call{'s' if len(unsure) > 1 else ''} can't be told from statistics, first "
+                     f"{first.name}: {first.reason}; dump tensors to judge {'them' if len(unsure) > 1 else 'it'}")
     if gaps:
         compared = diag.coverage.compared
-        seen = ([f"among the {compared} call{'s' if compared > 1 else ''} compared none introduces error "
-                 f"beyond what {explains} explains"] if compared else [])
+        seen = ([f"among the {compared} call{'s' if compared > 1 else ''} compared none "
+                 f"{'is shown to introduce' if unsure else 'introduces'} error beyond what {explains} explains"]
+                if compared else [])
         return "; ".join([f"{NOT_JUDGED}: {gaps[0]}"] + gaps[1:] + parts + seen)
+    if unsure:
+        return "; ".join([f"no API is shown to introduce error beyond what {explains} explains"] + parts)
     return "; ".join(parts + [f"no API introduces error beyond what {explains} explains"])
 
 
