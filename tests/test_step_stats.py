@@ -109,6 +109,106 @@ def test_fused_rows_are_torch_rows_within_the_summation_order(dtype, n):
     assert inf_row[0] == math.inf and inf_row[2] == math.inf and inf_row[3] == math.inf
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or step_stats.triton_kernels() is None, reason="needs Triton and a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_list_rows_are_torch_rows_within_the_summation_order(dtype):
+    """The list kernel (two launches for many tensors) against each tensor's torch ops:
+    sizes around its chunk, tensors before and after the first in memory, a view into the
+    middle of another, NaN and Inf, rows written past the buffer's first."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    later = torch.randn(5000, generator=g, device="cuda").to(dtype)   # likely below the first in memory
+    sizes = [1, 7, 16384, 16385, 3 * 16384 + 5, 1000, 200_003]
+    ts = [(torch.randn(n, generator=g, device="cuda") * (k + 1) + k).to(dtype) for k, n in enumerate(sizes)]
+    big = torch.randn(64, 1000, generator=g, device="cuda").to(dtype)
+    nan, inf = ts[5].clone(), ts[3].clone()
+    nan[17] = float("nan")
+    inf[0] = float("inf")
+    ts = ts + [later, big[3:40], nan, inf]
+    s = StepStats()
+    s.add(torch.ones(3, device="cuda"))   # the list's rows start after a row in use
+    s.prefetch(ts)
+    assert s.lists_fused == 1
+    got = s.fetch([s.add(t) for t in ts])
+    want = stats.fetch([stats.device_reductions(t) for t in ts])
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for t, a, b in zip(ts, got, want):
+        if math.isnan(b[0]):
+            assert all(math.isnan(v) for v in a), (a, b)
+            continue
+        assert a[:2] == b[:2], (t.numel(), a, b)                  # extremes are exact
+        assert a[2] == pytest.approx(b[2], rel=tol, abs=4 * tol * b[3] / math.sqrt(t.numel())), (a, b)   # the Mean
+        assert a[3] == pytest.approx(b[3], rel=tol), (a, b)
+
+
+class _TorchKernels:
+    """triton_stats' two entry points, written with torch ops on the CPU: what the wiring
+    around the kernels does is tested here, the kernels themselves on a GPU."""
+    lists: list = []
+
+    @staticmethod
+    def fused_row(t, row):
+        step_stats._torch_row(t, row)
+
+    @classmethod
+    def fused_rows(cls, tensors, buf, first):
+        cls.lists.append(len(tensors))
+        for k, t in enumerate(tensors):
+            step_stats._torch_row(t, buf[first + k])
+
+
+def test_a_foreach_ops_lists_take_their_rows_together_and_the_dump_is_the_same(tmp_path, monkeypatch):
+    """A foreach optimizer's lists are started together (``StepStats.prefetch``), each
+    tensor then taking its own row: the dump of a GPT-2 trained with AdamW(foreach) is byte
+    for byte the dump with each tensor started alone, and the lists did go together."""
+    monkeypatch.setattr(stats.SummaryCache, "defer_on_cpu", True)
+    monkeypatch.setattr(StepStats, "on_cpu", True)
+    monkeypatch.setattr(step_stats, "_kernels", _TorchKernels)
+    monkeypatch.setattr(step_stats, "lists_verified", {})
+    monkeypatch.setattr(_TorchKernels, "lists", [])
+    monkeypatch.setattr(step_stats, "fused_available", lambda t: t.dtype.is_floating_point and t.numel() > 0
+                        and t.is_contiguous())
+    with monkeypatch.context() as m:
+        m.setattr(StepStats, "prefetch", lambda self, values: None)
+        alone = _read(run("gpt2", tmp_path / "alone", task="statistics", steps=2, opt="adamw_foreach"), 2)
+    assert not _TorchKernels.lists
+    together = _read(run("gpt2", tmp_path / "together", task="statistics", steps=2, opt="adamw_foreach"), 2)
+    assert together == alone
+    assert b"_foreach_" in together[1] and b'"Max": null' not in together[1]
+    assert max(_TorchKernels.lists) >= 10, _TorchKernels.lists   # the parameters' lists, not pairs
+    assert list(step_stats.lists_verified.values()) == [True]   # its self-test passed, once
+
+
+class _ShiftedKernels(_TorchKernels):
+    """A list kernel that writes each tensor's row one place off: wrong numbers, no error."""
+
+    @classmethod
+    def fused_rows(cls, tensors, buf, first):
+        cls.lists.append(len(tensors))
+        for k, t in enumerate(tensors):
+            step_stats._torch_row(t, buf[first + (k + 1) % len(tensors)])
+
+
+def test_a_list_kernel_that_disagrees_with_the_torch_ops_is_said_once_and_set_aside(tmp_path, monkeypatch, caplog):
+    """The list kernel is checked against the torch ops on lists of its own before its
+    first use in a process; where it disagrees the dump keeps the torch ops' numbers (byte
+    for byte the dump without it), said once, never run again."""
+    monkeypatch.setattr(stats.SummaryCache, "defer_on_cpu", True)
+    monkeypatch.setattr(StepStats, "on_cpu", True)
+    monkeypatch.setattr(step_stats, "_kernels", _ShiftedKernels)
+    monkeypatch.setattr(step_stats, "lists_verified", {})
+    monkeypatch.setattr(_ShiftedKernels, "lists", [])
+    monkeypatch.setattr(step_stats, "fused_available", lambda t: t.dtype.is_floating_point and t.numel() > 0
+                        and t.is_contiguous())
+    with monkeypatch.context() as m:
+        m.setattr(StepStats, "prefetch", lambda self, values: None)
+        alone = _read(run("gpt2", tmp_path / "alone", task="statistics", steps=2, opt="adamw_foreach"), 2)
+    shifted = _read(run("gpt2", tmp_path / "shifted", task="statistics", steps=2, opt="adamw_foreach"), 2)
+    assert shifted == alone
+    assert len(_ShiftedKernels.lists) == 1 and list(step_stats.lists_verified.values()) == [False]
+    said = [r.getMessage() for r in caplog.records if "kernel for lists failed" in r.getMessage()]
+    assert len(said) == 1 and "differ from the torch ops'" in said[0], said
+
+
 def test_a_failing_fused_kernel_is_said_once_and_the_torch_ops_take_over(monkeypatch, caplog):
     """A Triton that does not compile for this driver must not cost the statistics: the
     row comes from the torch ops, and the failure is logged once, not at every tensor."""

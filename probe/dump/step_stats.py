@@ -10,6 +10,9 @@ tensor takes one row ``[Max, Min, Sum, Norm]`` (float64) of a device buffer:
   and float32, float64 for float64, as ``device_reductions`` accumulates) and writes the row:
   one launch for a tensor of up to ``triton_stats.ONE_PROGRAM`` elements, two above (partials of a
   grid of programs, then their combination: the order is fixed, so a dump is reproducible);
+- a list argument (a foreach op's 24 or more tensors) takes its rows together: two launches
+  and one table copied to the device for the list (``prefetch``), once a self-test of that
+  kernel against the torch ops has passed for the dtype on the device in this process;
 - elsewhere on CUDA (no Triton, integers and bools, non-contiguous tensors) the row is
   written by ``device_reductions``' own torch ops, its ``stack`` writing into the row, so
   its numbers are bitwise those of the path before this buffer (half types are widened to
@@ -40,6 +43,9 @@ logger = logging.getLogger(__name__)
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _kernels: Optional[object] = None   # probe.dump.triton_stats once imported; False where it cannot be
+# the list kernel (``prefetch``), per (device, dtype): whether its self-test agreed with the
+# torch ops in this process (it has not run on every GPU and Triton); absent: not run yet
+lists_verified: Dict[tuple, bool] = {}
 ROWS = 1024                 # rows a buffer holds before the next one is started
 
 
@@ -79,6 +85,62 @@ def _torch_row(t, row) -> None:
     torch.stack((mx, mn, s, n), out=row)
 
 
+def list_kernel_agrees(device, dtype) -> bool:
+    """The list kernel's self-test for ``dtype`` on ``device``, run once per process: a list of
+    tensors of its own (sizes about its chunk, a view into another, a NaN, an infinity, from
+    a generator of its own: the user's random state is untouched) reduced by it and by the
+    torch ops, one host transfer. Where it fails or disagrees, said once, and that dtype's
+    lists go one tensor at a time."""
+    key = (device, dtype)
+    known = lists_verified.get(key)
+    if known is not None:
+        return known
+    try:
+        kernels = triton_kernels()
+        gen = torch.Generator(device=device).manual_seed(0)
+        chunk = getattr(kernels, "CHUNK", 16384)
+        base = torch.randn(4 * chunk + 9, generator=gen, device=device)
+        tests = [(base[:n] * (k + 1) + k).to(dtype) for k, n in enumerate((1, 7, chunk, chunk + 1, 3 * chunk + 5))]
+        whole = (base * 2).to(dtype)
+        nan, inf = tests[2].clone(), tests[3].clone()
+        nan[5] = float("nan")
+        inf[0] = float("inf")
+        tests += [whole[13:1013], nan, inf]
+        got = torch.full((len(tests) + 1, 4), -1.0, dtype=torch.float64, device=device)
+        kernels.fused_rows(tests, got, 1)   # type: ignore[union-attr]
+        want = torch.empty((len(tests), 4), dtype=torch.float64, device=device)
+        for k, t in enumerate(tests):
+            _torch_row(t, want[k])
+        if not _rows_agree(got[1:].tolist(), want.tolist(), tests) or got[0].tolist() != [-1.0] * 4:
+            raise ValueError("its rows differ from the torch ops' beyond the summation order")
+        lists_verified[key] = True
+    except Exception as exc:
+        _lists_fail(device, dtype, exc)
+    return lists_verified[key]
+
+
+def _lists_fail(device, dtype, exc) -> None:
+    lists_verified[(device, dtype)] = False
+    logger.warning("probe: the Triton statistics kernel for lists failed on %s for %s (%s: %s); a foreach "
+                   "op's tensors are reduced one at a time", device, dtype, type(exc).__name__, exc)
+
+
+def _rows_agree(got: list, want: list, tensors: list) -> bool:
+    """Rows [Max, Min, Sum, Norm] equal but for the summation order: extremes exact (NaN
+    where the other is), Sum within 1e-3 of the Norm times sqrt(n), Norm within 1e-3."""
+    for (mx, mn, s, n), (wmx, wmn, ws, wn), t in zip(got, want, tensors):
+        if wmx != wmx:   # a NaN in the tensor: all four NaN
+            if not all(v != v for v in (mx, mn, s, n)):
+                return False
+            continue
+        if (mx, mn) != (wmx, wmn):
+            return False
+        if not (abs(n - wn) <= 1e-3 * abs(wn) and abs(s - ws) <= 1e-3 * (abs(wn) * t.numel() ** 0.5 + 1e-30)) \
+                and not (s == ws and n == wn):   # infinities
+            return False
+    return True
+
+
 class StepStats:
     """The rows of one flush's accelerator tensors, one buffer (or a few) per device.
 
@@ -94,8 +156,10 @@ class StepStats:
     def __init__(self, rows: int = ROWS):
         self.rows = rows
         self._open: Dict[torch.device, list] = {}   # device -> [buffer, rows used]
+        self._ready: Dict[int, tuple] = {}          # id -> (tensor, version, buffer, row): prefetched rows
         self.transfers = 0                          # host transfers made by fetch (tests, bench)
         self.launches_fused = 0                     # rows written by the Triton kernel
+        self.lists_fused = 0                        # lists written by the list kernel (prefetch)
 
     def wants(self, t) -> bool:
         """A plain CUDA tensor (or, for tests, a CPU one). Other devices keep
@@ -107,6 +171,11 @@ class StepStats:
         return t.is_cuda or (self.on_cpu and t.is_cpu)
 
     def add(self, t) -> Optional[stats.Pending]:
+        if self._ready:
+            ready = self._ready.pop(id(t), None)
+            if ready is not None and ready[0] is t and ready[1] == t._version:
+                buf, row = ready[2], ready[3]
+                return stats.Pending(t.dtype, t.numel(), buf[row], (buf, row))
         if t.numel() == 0 or t.is_complex() or t.is_meta:
             return None
         slot = self._open.get(t.device)
@@ -134,6 +203,43 @@ class StepStats:
             logger.warning("probe: the fused Triton statistics kernel failed (%s: %s); "
                            "statistics are computed with torch ops from here on", type(exc).__name__, exc)
             return False
+
+    def prefetch(self, values) -> None:
+        """Start the rows of the tensors in ``values`` (an argument that is a list: a foreach
+        op's) together, two launches per dtype and device (``triton_stats.fused_rows``)
+        where one or three per tensor would be; ``add`` then hands out the row of each. Called
+        where the list is described, so the rows read what the call sees; ``forget_prefetched``
+        after it. The list kernel is used for a dtype on a device only once its self-test
+        there agreed with the torch ops (``list_kernel_agrees``)."""
+        if triton_kernels() is None:
+            return
+        groups: Dict[tuple, list] = {}
+        for t in values:
+            # an inference tensor has no version to check at ``add``: it goes alone
+            if type(t) in _PLAIN and fused_available(t) and not t.is_inference():
+                groups.setdefault((t.device, t.dtype), []).append(t)
+        for (device, dtype), ts in groups.items():
+            if len(ts) < 2 or not list_kernel_agrees(device, dtype):
+                continue
+            for at in range(0, len(ts), self.rows):
+                part = ts[at:at + self.rows]
+                slot = self._open.get(device)
+                if slot is None or slot[1] + len(part) > self.rows:
+                    slot = self._open[device] = [torch.empty((self.rows, 4), dtype=torch.float64, device=device), 0]
+                buf, first = slot
+                try:
+                    triton_kernels().fused_rows(part, buf, first)   # type: ignore[union-attr]
+                except Exception as exc:
+                    _lists_fail(device, dtype, exc)
+                    break
+                slot[1] = first + len(part)
+                self.lists_fused += 1
+                for k, t in enumerate(part):
+                    self._ready[id(t)] = (t, t._version, buf, first + k)
+
+    def forget_prefetched(self) -> None:
+        """Drop rows prefetched and not taken (a tensor the summary cache already had)."""
+        self._ready.clear()
 
     def restart(self) -> None:
         """Fresh buffers from here on: rows already handed out keep theirs alive."""
