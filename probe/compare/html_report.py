@@ -232,7 +232,7 @@ def _data(result, diag, digest, files: dict | None) -> dict:
             else:
                 base = npu_entry[c]
             yield name[len(base):] if base and name.startswith(base) else name
-    suffix, x = codes(_suffixes_at_once(names, npu_entry, row_call) or suffixes(), n)   # a few hundred texts
+    suffix, x = _suffix_codes(names, npu_entry, row_call) or codes(suffixes(), n)   # a few hundred texts
     side = np.fromiter((name is None for name in names), np.uint8, n)
     dtypes, dt = codes([a if a is not None else b for a, b in zip(cols["NPU Dtype"], cols["Bench Dtype"])])
     dtypes = [_dtype_label(d) for d in dtypes]     # a few kinds: labelled once each
@@ -278,16 +278,23 @@ def _data(result, diag, digest, files: dict | None) -> dict:
     return data
 
 
-def _suffixes_at_once(names: list, npu_entry: list, row_call: np.ndarray) -> list | None:
-    """``_data``'s suffixes where every row has an NPU name that starts with its call's NPU
-    entry name (a whole compare of calls that both sides made), cut in C instead of a
-    Python step per row (350k rows in the 100k-entry pairs); None otherwise."""
+def _suffix_codes(names: list, npu_entry: list, row_call: np.ndarray) -> tuple[list, np.ndarray] | None:
+    """``codes`` of ``_data``'s suffixes where every row has an NPU name that starts with
+    its call's NPU entry name (a compare of calls both sides made): the suffixes cut in C
+    (twice: the distinct ones, then each row's code), not a Python step per row (350k rows
+    in the 100k-entry pairs) and no list of them all; None otherwise."""
     if None in names:
         return None
     bases = list(map(npu_entry.__getitem__, row_call.tolist()))
     if None in bases or not all(map(str.startswith, names, bases)):
         return None
-    return list(map(getitem, names, map(slice, map(len, bases), repeat(None))))
+    starts = list(map(len, bases))
+
+    def cut():
+        return map(getitem, names, map(slice, starts, repeat(None)))
+    distinct = list(dict.fromkeys(cut()))
+    index = dict(zip(distinct, range(len(distinct))))
+    return distinct, np.fromiter(map(index.__getitem__, cut()), np.int32, len(names))
 
 
 def _plain(value):
