@@ -25,11 +25,13 @@ import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 
 import numpy as np
 
@@ -120,12 +122,41 @@ def orjson_parse_s(*paths) -> float:
 
 
 def checkout(rev: str, tmp: str) -> str:
-    """A copy of the tree at ``rev`` (git archive: no worktree, nothing else touched)."""
+    """A copy of the tree at ``rev`` (git archive: no worktree, nothing else touched), its
+    C extensions built as this tree's are (without them its workbook took twice as long:
+    not the code's time)."""
     dest = os.path.join(tmp, "before")
     os.makedirs(dest)
     data = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=data, check=True)
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=dest,
+                   capture_output=True)      # optional, as in an install: Python paths where it fails
     return dest
+
+
+_STAMP = re.compile(rb"20\d{12}")     # output_stem's timestamp, in file names and in the page
+
+
+def _outputs(folder: str) -> dict:
+    """A compare's files, timestamps and the folder's own path taken out; a workbook by
+    its zip entries (the zip's own dates are the time it was written)."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*"))):
+        name = _STAMP.sub(b"T", os.path.basename(path).encode()).decode()
+        if path.endswith(".xlsx"):
+            with zipfile.ZipFile(path) as z:
+                out[name] = {n: _STAMP.sub(b"T", z.read(n)) for n in z.namelist()}
+        else:
+            with open(path, "rb") as fh:
+                out[name] = _STAMP.sub(b"T", fh.read().replace(folder.encode(), b"OUT"))
+    return out
+
+
+def same_outputs(a: str, b: str) -> str:
+    """'identical', or which of two compares' files differ."""
+    fa, fb = _outputs(a), _outputs(b)
+    differ = sorted(n for n in set(fa) | set(fb) if fa.get(n) != fb.get(n))
+    return "identical" if not differ else "DIFFER: " + ", ".join(differ)
 
 
 def msprobe_compare(msprobe, npu, bench, out, tmp):
@@ -372,18 +403,24 @@ def time_pair(label, a, b, tmp, before=None, before_label=None):
     # twice: on a shared machine one run can take half as long again as the other;
     # the best shows the code, the spread shows the machine (as timeit reports)
     parse = min(orjson_parse_s(a, b) for _ in range(2))
-    for name, tree in ((f"probe {before_label}", before), ("probe", None)):
-        if name != "probe" and tree is None:
-            continue
-        out = os.path.join(tmp, f"o_{abs(hash((label, name)))}")
-        runs = [probe_compare(a, b, f"{out}_{k}", tree) for k in range(2)]
+    trees = [(f"probe {before_label}", before), ("probe", None)] if before is not None else [("probe", None)]
+    outs = [os.path.join(tmp, f"o_{abs(hash((label, name)))}") for name, _ in trees]
+    # the trees' runs alternate (before, this, before, this): the machine's load drifts
+    runs_of: dict = {name: [] for name, _ in trees}
+    for k in range(2):
+        for (name, tree), out in zip(trees, outs):
+            runs_of[name].append(probe_compare(a, b, f"{out}_{k}", tree))
+    for (name, tree), out in zip(trees, outs):
+        runs = runs_of[name]
         ours = (min(r[0] for r in runs), max(r[1] for r in runs))
         row(f"{label} ({mb:.0f} MB json), {name}", ours, None, "<= 1.5x parse, <= 600 MB")
         print(f"{'  -> the two runs':<44} " + ", ".join(f"{w:.2f} s" for w, _ in runs)
               + f"; x{ours[0] / parse:.2f} the orjson parse")
     print(f"{'  -> orjson parses the two files into dicts':<44} {parse:8.2f} s (best of 2, "
           f"fresh process)   target: the compare <= {1.5 * parse:.2f} s")
-    return out + "_0", ours
+    if before is not None:
+        print(f"{'  -> outputs of the two trees':<44} {same_outputs(outs[0] + '_0', outs[1] + '_0')}")
+    return outs[-1] + "_0", ours
 
 
 def pair_files(folder):

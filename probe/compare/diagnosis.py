@@ -956,8 +956,8 @@ def _state(result, calls, errors, facts: _RowFacts) -> State:
     keep = facts.npu_tensor[seq] & (io >= _IO_CODE["input"]) & (io <= _IO_CODE["output"])
     seq, out = seq[keep], io[keep] == _IO_CODE["output"]
     rows = [pairs[i].npu for i in seq.tolist()]
-    dtypes, dtype = codes((r.dtype for r in rows), len(rows))
-    _, shape = codes((r.shape for r in rows), len(rows))
+    dtypes, dtype = codes(field_of(rows, "dtype"))
+    _, shape = codes(field_of(rows, "shape"))
     stats = facts.npu_stats[seq]
     err = np.array([np.nan if e is None else e for e in map(errors.__getitem__, seq.tolist())], dtype=np.float64)
     pos = np.arange(len(seq))

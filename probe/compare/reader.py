@@ -66,7 +66,8 @@ class DumpMeta:
 # second pass over 100k entries.
 Leaf = msgspec.defstruct(
     "Leaf", [("type", str), ("dtype", Union[str, None, UnsetType], UNSET),     # UNSET: no such key
-             ("shape", Union[list[Optional[int]], None, UnsetType], UNSET),     # (null: a size not known)
+             # decoded as a tuple: the row's shape as it is, no copy (null: a size not known)
+             ("shape", Union[tuple[Optional[int], ...], None, UnsetType], UNSET),
              *[(key, Any, None) for key in STAT_KEYS],
              ("requires_grad", Any, None), ("md5", Optional[str], None), ("data_name", Optional[str], None),
              ("value", Any, None),

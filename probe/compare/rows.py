@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 from array import array
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any, Optional
 
 import msgspec
@@ -26,6 +27,7 @@ _NAN = float("nan")
 _WIDTH = len(STAT_KEYS)               # statistics a row has, in the order of STAT_KEYS
 _NO_STATS = (_NAN,) * _WIDTH
 _stats_of_leaf = attrgetter(*STAT_KEYS)
+_STORE, _K = attrgetter("store"), attrgetter("k")
 
 
 class Row(msgspec.Struct, gc=False, eq=False):
@@ -85,6 +87,14 @@ def stats_of(rows: list) -> np.ndarray:
     out = np.full((len(rows), _WIDTH), np.nan)
     store = next((r.store for r in rows if r is not None and r.store is not None), None)
     if store is None:
+        return out
+    try:
+        stores = list(map(_STORE, rows))          # in C; AttributeError: a None among them
+    except AttributeError:
+        stores = []
+    if stores and all(map(is_, stores, repeat(store))):   # the usual case: every row in one store
+        out[:] = np.frombuffer(store, dtype=np.float64).reshape(-1, _WIDTH)[
+            np.fromiter(map(_K, rows), np.int64, len(rows))]
         return out
     ks = np.array([(r.k if r.store is store else -2) if r is not None and r.store is not None else -1
                    for r in rows], dtype=np.int64)
