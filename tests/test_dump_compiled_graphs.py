@@ -337,3 +337,57 @@ def test_a_value_the_plain_graph_does_not_reproduce_is_left_out_of_the_check(tmp
     assert {"Functional.linear.0.forward", "Functional.gelu.0.forward", "Functional.linear.1.forward",
             "Functional.linear.1.backward"} <= set(entries), sorted(entries)
     assert all(torch.equal(a, b) for a, b in zip(params, _jittery_train(None)))
+
+
+def _loss_calls(root):
+    """A compiled cross-entropy (as HF's ``ForCausalLMLoss`` ends) over six batches of
+    logits, the first all zeros (a zero-initialised head), dumped at L1 under ``root``
+    when given; each batch's logits gradient."""
+    import torch._dynamo as dynamo
+    dynamo.reset()
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.zeros(8, 16, 128)] + [torch.randn(8, 16, 128, generator=g) for _ in range(5)]
+    labels = torch.randint(0, 128, (8, 16), generator=g)
+
+    def causal_lm_loss(logits, labels):   # transformers' ForCausalLMLoss, its steps
+        labels = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+        return torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1),
+                                                 ignore_index=-100)
+    run = torch.compile(causal_lm_loss)
+    dbg = PrecisionDebugger(dump_path=str(root), task="statistics", level="L1") if root else None
+    grads = []
+    try:
+        for logits in batches:
+            logits = logits.clone().requires_grad_(True)
+            if dbg:
+                dbg.start()
+            run(logits, labels).backward()
+            if dbg:
+                dbg.stop()
+                dbg.step()
+            grads.append(logits.grad)
+    finally:
+        if dbg:
+            dbg.close()
+        dynamo.reset()
+    return grads
+
+
+def test_a_graph_is_partitioned_as_without_probe_whatever_its_first_inputs(tmp_path):
+    """probe's statistics read the softmax's inputs and outputs; AOT autograd's partitioner,
+    seeing them, saved the softmax for the backward where the graph without probe
+    recomputes it there with another kernel (a scalar log instead of a vectorised one). On
+    all-zero logits the two agree, so the first call's bitwise check kept the instrumented
+    graph, and the next batches' gradients differed. The joint graph is now partitioned
+    without probe's nodes: every gradient is bitwise, and the calls are dumped."""
+    with LogCapture("probe", logging.WARNING) as log:
+        dumped = _loss_calls(tmp_path)
+    plain = _loss_calls(None)
+    differ = [i for i, (a, b) in enumerate(zip(dumped, plain)) if not torch.equal(a, b)]
+    assert not differ, differ
+    said = [r.getMessage() for r in log.records]
+    assert not any("partitioned otherwise" in m or "left unhooked" in m for m in said), said
+    for step in range(len(plain)):
+        entries = data(tmp_path, step)
+        assert {"Functional.cross_entropy.0.forward", "Functional.cross_entropy.0.backward"} <= set(entries), \
+            sorted(entries)
