@@ -8,12 +8,19 @@ graph recomputes ``exp(x - amax - lse)`` in its backward, computing it with anot
 kernel (a scalar ``std::log`` instead of a vectorised one). The two agree on most inputs
 and differ on some, so a bitwise check on one call cannot tell them apart.
 
-This is the rule that can: the forward graph AOT hands inductor with probe's nodes left
-out (they carry :data:`PROBE_MARK` as their stack trace, which AOT copies to every aten
-node it traces from them) must be node for node the plain graph's forward, its outputs
-(the user's, then what is saved for the backward) included. Equal forwards mean the same
-saved tensors, so the same backward graph; a graph whose partition differs is never
-instrumented, whatever its inputs.
+So the partition is made equal by construction, and then checked:
+
+* every node probe adds carries :data:`PROBE_MARK` as its stack trace, which AOT copies
+  onto every aten node it traces from it;
+* the instrumented compile's partitioner runs on the joint graph with probe's nodes taken
+  out and the others named as the plain compile's joint graph names them (the min cut
+  breaks ties by name), and probe's nodes are put back into the forward it returns
+  (:func:`partitioned_without_probe`);
+* the forward AOT hands inductor, probe's nodes left out, must then be node for node the
+  plain graph's forward, its outputs (the user's, then what is saved for the backward)
+  included (:func:`model_form`, :class:`Partitions`). Equal forwards mean the same saved
+  tensors, so the same backward graph; a candidate whose forward differs is never kept,
+  whatever its inputs.
 """
 from __future__ import annotations
 
@@ -42,20 +49,21 @@ def is_probes(node: torch.fx.Node) -> bool:
     return node.meta.get("stack_trace") == PROBE_MARK
 
 
-def model_form(gm: torch.fx.GraphModule, user_outputs: int) -> Optional[Tuple[Any, ...]]:
+def model_form(gm: torch.fx.GraphModule, user_outputs: int, probes=()) -> Optional[Tuple[Any, ...]]:
     """The model's part of an AOT graph: the nodes its outputs need (probe's outputs left
     out) and those nothing reads (an in-place write), each as its op, target and arguments (nodes as their position), the
     placeholders with their shape and dtype, then the outputs, each as the tensor it is a
     view of (saving a matrix product or a view of it holds the same numbers): the first
     ``user_outputs`` (the graph's own) in order, the rest (saved for the backward) as a
-    set, AOT lists them in no order of the model's. None where
+    set, AOT lists them in no order of the model's; the outputs at ``probes`` are
+    probe's (what AOT added for them, see :func:`_without_probes`). None where
     a node the model needs reads one of probe's (a common subexpression merged across
     the two): the graphs differ."""
     nodes = list(gm.graph.nodes)
     out = nodes[-1]
     outs = out.args[0] if isinstance(out.args[0], (list, tuple)) else (out.args[0],)
-    outs = [_base(o) if isinstance(o, torch.fx.Node) else o for o in outs
-            if not (isinstance(o, torch.fx.Node) and is_probes(o))]
+    outs = [_base(o) if isinstance(o, torch.fx.Node) else o for i, o in enumerate(outs)
+            if not (isinstance(o, torch.fx.Node) and is_probes(o)) and i not in probes]
     needed = set()
     # and what writes in place with no user (an input's mutation kept in the graph)
     todo = [o for o in outs if isinstance(o, torch.fx.Node)] + \
@@ -129,16 +137,18 @@ class Partitions:
         self.plan_less = False   # the graph has no call to instrument
         # the plain joint graph's nodes: name, op, target
         self.joint_nodes: Optional[List[Tuple[str, str, str]]] = None
+        self.forward_outputs: Optional[List[str]] = None   # its forward outputs' names
+        self.probe_outputs: List[int] = []   # the candidate's forward outputs that are probe's
 
     def record(self, gm, plain: bool):
-        form = model_form(gm, self.user_outputs)
+        form = model_form(gm, self.user_outputs, () if plain else self.probe_outputs)
         if plain:
             self.plain, self.plain_seen = form, True
         else:
             self.last, self.last_seen = form, True
 
     def start_candidate(self):
-        self.last, self.last_seen = None, False
+        self.last, self.last_seen, self.probe_outputs = None, False, []
 
     def candidate_matches(self) -> bool:
         """Did the latest candidate's forward come out as the plain graph's? False where
@@ -162,9 +172,11 @@ def partitioned_without_probe(partition: Callable, partitions: "Partitions", pla
     def partition_fn(joint, joint_inputs, *args, num_fwd_outputs, **kwargs):
         if plain:
             partitions.joint_nodes = [(n.name, n.op, str(n.target)) for n in joint.graph.nodes]
+            partitions.forward_outputs = [o.name if isinstance(o, torch.fx.Node) else repr(o)
+                                          for o in _leaves(joint.graph.output_node())[:num_fwd_outputs]]
             return partition(joint, joint_inputs, *args, num_fwd_outputs=num_fwd_outputs, **kwargs)
         try:
-            taken = _without_probes(joint, num_fwd_outputs, partitions.joint_nodes)
+            taken = _without_probes(joint, num_fwd_outputs, partitions.joint_nodes, partitions.forward_outputs)
         except Exception as exc:   # probe's bug: partitioned as it is, the forwards' comparison decides
             log.debug("probe: taking probe's nodes out of a joint graph failed (%s: %s)", type(exc).__name__, exc)
             taken = None
@@ -175,6 +187,7 @@ def partitioned_without_probe(partition: Callable, partitions: "Partitions", pla
             fw, bw = partition(bare, joint_inputs, *args, num_fwd_outputs=num_fwd_outputs - len(positions),
                                **kwargs)
             _put_back(joint, fw, positions, names)
+            partitions.probe_outputs = positions
         except Exception as exc:   # probe's bug, or a value probe reads the forward cannot compute
             log.debug("probe: partitioning without probe's nodes failed (%s: %s)", type(exc).__name__, exc)
             return partition(joint, joint_inputs, *args, num_fwd_outputs=num_fwd_outputs, **kwargs)
@@ -186,10 +199,11 @@ def _leaves(node):
     return pytree.arg_tree_leaves(*node.args)
 
 
-def _without_probes(joint, num_fwd_outputs, plain):
+def _without_probes(joint, num_fwd_outputs, plain, forward_outputs):
     """A copy of ``joint`` without probe's nodes, its other nodes named as the plain joint
     graph's (``plain``: each node's name, op and target), the positions of probe's
-    outputs among its forward outputs, and each kept node's name in the copy; None where
+    outputs among its forward outputs (those that are not the plain graph's
+    ``forward_outputs``), and each kept node's name in the copy; None where
     probe's nodes are read by the model's, or the rest is not the plain graph's.
 
     The rest may hold nodes the plain graph has not, that only probe's nodes read (an
@@ -211,8 +225,18 @@ def _without_probes(joint, num_fwd_outputs, plain):
         else:
             return None
     outs = _leaves(graph.output_node())
-    positions = [i for i, o in enumerate(outs) if o in ours]
-    if not positions or positions[-1] >= num_fwd_outputs:
+    # probe's outputs among the forward's: its own, and what AOT added for them (the base
+    # of a detached tensor probe returns in tensor mode): all but the plain graph's outputs
+    positions = []
+    wanted = iter(forward_outputs or ())
+    expected = next(wanted, None)
+    for i, o in enumerate(outs[:num_fwd_outputs]):
+        name = (names.get(o) if isinstance(o, torch.fx.Node) else repr(o)) if o not in ours else None
+        if name is not None and name == expected:
+            expected = next(wanted, None)
+        else:
+            positions.append(i)
+    if expected is not None or not positions or any(o in ours for o in outs[num_fwd_outputs:]):
         return None
     for n in ours:   # read by probe's nodes and outputs only
         if any(u.op != "output" and u not in ours for u in n.users):
