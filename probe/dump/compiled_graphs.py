@@ -1083,6 +1083,7 @@ class CompileHook:
         if plan is None:
             partitions.plan_less = True
             return None
+        self.instrumented += 1   # came through here (see after_step), kept or not
         kwargs = dict(kwargs, inner_compile=self._inner(kwargs.get("inner_compile"), plan, partitions))
         with _no_autograd_cache(), partitioning(partitions, plain=False):
             compiled = self._original(gm, example_inputs, *args, **kwargs)
@@ -1092,7 +1093,6 @@ class CompileHook:
                           "recomputes, or the reverse; the numbers could differ): left as compiled without probe's "
                           "statistics where no other version matches")
             return None
-        self.instrumented += 1
         return _Stripped(compiled, plan.extra, lambda vector, tensors: self._forward_ran(plan, vector, tensors),
                          plan.from_outputs)
 

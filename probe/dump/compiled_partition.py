@@ -141,7 +141,11 @@ class Partitions:
         self.probe_outputs: List[int] = []   # the candidate's forward outputs that are probe's
 
     def record(self, gm, plain: bool):
-        form = model_form(gm, self.user_outputs, () if plain else self.probe_outputs)
+        try:
+            form = model_form(gm, self.user_outputs, () if plain else self.probe_outputs)
+        except Exception as exc:   # probe's bug: not shown the same, so not kept
+            log.debug("probe: reading a forward graph's form failed (%s: %s)", type(exc).__name__, exc)
+            form = None
         if plain:
             self.plain, self.plain_seen = form, True
         else:
