@@ -915,7 +915,8 @@ class _Check:
                     if t._version != version:   # the graph updated it (running statistics)
                         t.copy_(copy)
         try:
-            with no_function_mode():
+            # the user's saved-tensor hooks (offloading, counting) see only the user's calls
+            with no_function_mode(), torch.autograd.graph.saved_tensors_hooks(_kept, _kept):
                 restore()
                 outs = list(fn(list(inputs)) if self.boxed else fn(*inputs))
                 needs = [t for t in tensors if t.requires_grad]
@@ -928,6 +929,10 @@ class _Check:
                 return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs] + list(grads)
         finally:
             restore()
+
+
+def _kept(t):
+    return t
 
 
 def _differing(a: list, b: list) -> set:
