@@ -24,6 +24,7 @@ from models import make_gpt, train_step  # noqa: E402
 
 from probe import PrecisionDebugger  # noqa: E402
 from probe.dump import compiled_graphs  # noqa: E402
+from probe.torch_compat import TORCH  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not compiled_graphs.SUPPORTED,
                                 reason="torch < 2.5: compiled graphs are dumped only where they run eagerly")]
@@ -337,3 +338,78 @@ def test_a_value_the_plain_graph_does_not_reproduce_is_left_out_of_the_check(tmp
     assert {"Functional.linear.0.forward", "Functional.gelu.0.forward", "Functional.linear.1.forward",
             "Functional.linear.1.backward"} <= set(entries), sorted(entries)
     assert all(torch.equal(a, b) for a, b in zip(params, _jittery_train(None)))
+
+
+def _loss_calls(root):
+    """A compiled cross-entropy (as HF's ``ForCausalLMLoss`` ends) over six batches of
+    logits, the first all zeros (a zero-initialised head), dumped at L1 under ``root``
+    when given; each batch's logits gradient, and the tensors each call's forward saved
+    for its backward."""
+    import torch._dynamo as dynamo
+    dynamo.reset()
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.zeros(8, 16, 128)] + [torch.randn(8, 16, 128, generator=g) for _ in range(5)]
+    labels = torch.randint(0, 128, (8, 16), generator=g)
+
+    def causal_lm_loss(logits, labels):   # transformers' ForCausalLMLoss, its steps
+        labels = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+        return torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1),
+                                                 ignore_index=-100)
+    run = torch.compile(causal_lm_loss)
+    dbg = PrecisionDebugger(dump_path=str(root), task="statistics", level="L1") if root else None
+    grads, saved = [], []
+
+    def pack(t):   # what the compiled forward saves for its backward, call by call
+        saved[-1].append(t.detach().clone())
+        return t
+    try:
+        for logits in batches:
+            logits = logits.clone().requires_grad_(True)
+            if dbg:
+                dbg.start()
+            saved.append([])
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss = run(logits, labels)
+            loss.backward()
+            if dbg:
+                dbg.stop()
+                dbg.step()
+            grads.append(logits.grad)
+    finally:
+        if dbg:
+            dbg.close()
+        dynamo.reset()
+    return grads, saved
+
+
+def _same_bits(a, b):
+    if a.dtype == torch.float32:
+        a, b = a.contiguous().view(torch.int32), b.contiguous().view(torch.int32)
+    return a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_a_graph_is_partitioned_as_without_probe_whatever_its_first_inputs(tmp_path):
+    """probe's statistics read the softmax's inputs and outputs; AOT autograd's partitioner,
+    seeing them, saved the softmax for the backward where the graph without probe saves
+    the row maxima and log-sum-exps and recomputes it in its backward, with another kernel
+    (on torch 2.6 HF Llama's loss gradient differed at step 1 by 3.8e-8). The first call's
+    bitwise check compares numbers, which agree on most inputs (all-zero logits here). Now
+    the forward saves, call by call, bitwise what it saves without probe, every gradient
+    is bitwise, and the calls are dumped at every step."""
+    with LogCapture("probe", logging.WARNING) as log:
+        grads, saved = _loss_calls(tmp_path)
+    plain_grads, plain_saved = _loss_calls(None)
+    assert [[(tuple(t.shape), t.dtype) for t in c] for c in saved] == \
+        [[(tuple(t.shape), t.dtype) for t in c] for c in plain_saved]
+    assert all(_same_bits(a, b) for c, p in zip(saved, plain_saved) for a, b in zip(c, p))
+    differ = [i for i, (a, b) in enumerate(zip(grads, plain_grads)) if not torch.equal(a, b)]
+    assert not differ, differ
+    said = [r.getMessage() for r in log.records]
+    assert not any("partitioned otherwise" in m or "left unhooked" in m for m in said), said
+    # cross_entropy's backward inside a compiled graph is not dumped on torch 2.6 (nor was
+    # it before this change); on 2.13 it is (versions between: asserted, not yet run)
+    wanted = {"Functional.cross_entropy.0.forward"} | \
+        ({"Functional.cross_entropy.0.backward"} if TORCH >= (2, 7) else set())
+    for step in range(len(plain_grads)):
+        entries = data(tmp_path, step)
+        assert wanted <= set(entries), sorted(entries)

@@ -41,6 +41,7 @@ import torch
 
 from probe.dump import stats
 from probe.dump.compiled_operators import OPERATOR_NODE_NAMES, OperatorNames
+from probe.dump.compiled_partition import Partitions, mark, partitioning
 from probe.dump.records import BackwardEntry, ForwardEntry, describe_value, tensor_summary
 from probe.dump.stack import format_frame, is_plumbing
 from probe.hook_module.interceptor import guard
@@ -487,7 +488,7 @@ def instrument_forward(gm, by_func, dunders, with_tensors=False, only=None):
     results = out.args[0]
     results = tuple(results) if isinstance(results, (tuple, list)) else (results,)
     with graph.inserting_before(out):
-        extra = [graph.call_function(torch.cat, (vectors,))]
+        extra = [mark(graph.call_function(torch.cat, (vectors,)))]
         if with_tensors:
             # A tensor the graph returns anyway is read from that output, not returned a
             # second time as its detached alias: on torch 2.6 an output aliasing an output
@@ -495,7 +496,7 @@ def instrument_forward(gm, by_func, dunders, with_tensors=False, only=None):
             # and raises (TypeError in _functionalize_apply_view_metas; fixed in later torch)
             position = {r: i for i, r in reversed(list(enumerate(results))) if isinstance(r, torch.fx.Node)}
             plan.from_outputs = [position.get(n) for n in builder.nodes]
-            extra += [graph.call_method("detach", (n,)) for n in builder.nodes if n not in position]
+            extra += [mark(graph.call_method("detach", (n,))) for n in builder.nodes if n not in position]
     out.args = (results + tuple(extra),)
     plan.extra = len(extra)
     graph.lint()
@@ -541,7 +542,7 @@ def _add_statistics(graph, apis, plan, builder, summarised, vectors, created):
         kwargs = {k: form(v, before) for k, v in node.kwargs.items() if k != "out"}
         if before:
             with graph.inserting_before(node):
-                vectors.append(graph.call_function(plan.summarise, tuple(before)))
+                vectors.append(mark(graph.call_function(plan.summarise, tuple(before))))
         if _mutates(node, api):
             for a in node.args[:1]:
                 summarised.pop(a, None)
@@ -552,7 +553,7 @@ def _add_statistics(graph, apis, plan, builder, summarised, vectors, created):
             outputs = []
             for i, v in enumerate(value):
                 with graph.inserting_after(last):
-                    last = graph.call_function(operator.getitem, (node, i))
+                    last = mark(graph.call_function(operator.getitem, (node, i)))
                 created.append(last)
                 last.meta["example_value"] = v
                 outputs.append(builder.form(last, after))
@@ -560,7 +561,7 @@ def _add_statistics(graph, apis, plan, builder, summarised, vectors, created):
             outputs = [form(node, after)]
         if after:
             with graph.inserting_after(last):
-                vectors.append(graph.call_function(plan.summarise, tuple(after)))
+                vectors.append(mark(graph.call_function(plan.summarise, tuple(after))))
         tensor_inputs = [a for a in list(node.args) + list(node.kwargs.values()) for a in _flat([a])
                          if isinstance(a, torch.fx.Node) and _is_tensor(a)]
         plan.calls.append(ApiCall(api, key, args, kwargs, outputs, node.meta.get("stack_trace"),
@@ -806,7 +807,10 @@ class _Verified:
     operator of probe's that inductor runs apart (``probe::summarise``: nothing of it is
     fused into the graph's kernels); then the plain graph, said once.
     A value the plain graph does not reproduce itself (atomic additions) is left out of
-    the check (``_Check``).
+    the check (``_Check``). What the forward saves for the backward is not left to this
+    check, which compares numbers and so sees a kernel computing them otherwise only on
+    inputs where they differ: each candidate is partitioned as the plain graph, and one
+    whose forward still differs is not offered (``compiled_partition``).
     What it costs: one extra compile per graph (two where the first candidate fails), and
     two extra forwards and backwards at its first call (three where a value differs).
     """
@@ -828,6 +832,7 @@ class _Verified:
         boxed = len(args) == 1 and isinstance(args[0], list)   # one list: the boxed convention
         inputs = list(args[0]) if boxed else list(args)
         check = _Check(self.plain, inputs, boxed)
+        differed = False
         for candidate in self.candidates:
             if candidate is not None and not isinstance(candidate, _Stripped):
                 candidate = candidate()   # compiled only when needed
@@ -837,15 +842,17 @@ class _Verified:
             try:
                 if check.same(candidate):
                     return candidate
+                differed = True
             except Exception as exc:   # the check itself failed: keep the model's numbers
                 _said.warning("check", "probe: checking an instrumented graph failed (%s: %s); it runs as "
                               "compiled without probe", type(exc).__name__, exc)
                 break
             finally:
                 self.hook.checking = False
-        _said.warning("numerics", "probe: a compiled graph with probe's statistics computes the model's numbers "
-                      "differently (inductor fused or vectorised it otherwise): left unhooked, its APIs are not "
-                      "dumped")
+        if differed:
+            _said.warning("numerics", "probe: a compiled graph with probe's statistics computes the model's "
+                          "numbers differently (inductor fused or vectorised it otherwise): left unhooked, its APIs "
+                          "are not dumped")
         return self.plain
 
     def __getattr__(self, name):
@@ -908,7 +915,8 @@ class _Check:
                     if t._version != version:   # the graph updated it (running statistics)
                         t.copy_(copy)
         try:
-            with no_function_mode():
+            # the user's saved-tensor hooks (offloading, counting) see only the user's calls
+            with no_function_mode(), torch.autograd.graph.saved_tensors_hooks(_kept, _kept):
                 restore()
                 outs = list(fn(list(inputs)) if self.boxed else fn(*inputs))
                 needs = [t for t in tensors if t.requires_grad]
@@ -921,6 +929,10 @@ class _Check:
                 return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs] + list(grads)
         finally:
             restore()
+
+
+def _kept(t):
+    return t
 
 
 def _differing(a: list, b: list) -> set:
@@ -942,12 +954,22 @@ def _bitwise(a, b):
 
 
 def _copy_graph_module(gm):
-    """A GraphModule over a copy of ``gm``'s graph (same attributes and node metadata)."""
+    """A GraphModule over a copy of ``gm``'s graph (same attributes and node metadata),
+    with what dynamo hangs on the module and its placeholders: AOT autograd reads the
+    parameters among the inputs from them (``_param_name_to_source``, ``_dynamo_source``),
+    and the partitioner saves those for free; without them the copy was partitioned
+    otherwise than ``gm``."""
     graph = torch.fx.Graph()
     graph._codegen = gm.graph._codegen
-    graph.output(graph.graph_copy(gm.graph, {}))
+    copied: Dict[torch.fx.Node, torch.fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, copied))
+    for old, new in copied.items():
+        if hasattr(old, "_dynamo_source"):
+            new._dynamo_source = old._dynamo_source
     copy = torch.fx.GraphModule(gm, graph)
     copy.meta = dict(getattr(gm, "meta", {}))
+    if hasattr(gm, "_param_name_to_source"):
+        copy._param_name_to_source = gm._param_name_to_source
     return copy
 
 
@@ -1014,39 +1036,47 @@ class CompileHook:
         if original is None or getattr(_inside, "on", False) or not isinstance(gm, torch.fx.GraphModule):
             return (original or _compile_fx())(gm, example_inputs, *args, **kwargs)
         reason = _refusal(kwargs.get("config_patches") or {})
-        spare = _copy_graph_module(gm)   # for the plain version, and the fallback's
+        spare = _copy_graph_module(gm)   # for the instrumented versions
+        partitions = Partitions(_output_count(gm))
         _inside.on = True
         try:
             with guard():
+                # the plain graph first: each candidate's forward is held to its partition
+                plain_kwargs = dict(kwargs, inner_compile=self._inner(kwargs.get("inner_compile"), None, partitions))
+                # a cache hit skips the partition and inner_compile: nothing to compare with
+                with _no_autograd_cache(), partitioning(partitions, plain=True):
+                    plain = original(gm, example_inputs, *args, **plain_kwargs)
                 instrumented = None
                 if reason is None:
                     try:
                         instrumented = self._instrumented(_copy_graph_module(spare), example_inputs, args, kwargs,
-                                                          None)
+                                                          None, partitions)
                     except _Refused as exc:
                         reason = str(exc)
-                plain_kwargs = dict(kwargs, inner_compile=self._inner(kwargs.get("inner_compile"), None))
-                if instrumented is None:
-                    if reason is not None:
-                        _said.warning(reason, "probe: a compiled graph with %s is not instrumented: its APIs are "
-                                      "not dumped (%s)", reason, _WHY.get(reason, ""))
-                    return original(gm, example_inputs, *args, **plain_kwargs)
-                plain = original(gm, example_inputs, *args, **plain_kwargs)
+                if reason is not None:
+                    _said.warning(reason, "probe: a compiled graph with %s is not instrumented: its APIs are "
+                                  "not dumped (%s)", reason, _WHY.get(reason, ""))
+                    return plain
+                if instrumented is None and partitions.plan_less:
+                    return plain   # no registered call in it
         finally:
             _inside.on = False
 
         def fallback():   # only the calls inductor runs as extern kernels (see _Verified)
             _inside.on = True
             try:
-                return self._instrumented(spare, example_inputs, args, kwargs, EXTERN_KERNEL_APIS)
+                return self._instrumented(spare, example_inputs, args, kwargs, EXTERN_KERNEL_APIS, partitions)
             except _Refused:
                 return None
             finally:
                 _inside.on = False
         return _Verified(plain, [instrumented, fallback], self)
 
-    def _instrumented(self, gm, example_inputs, args, kwargs, only):
-        """``gm`` compiled with the statistics of its calls (``only`` those APIs), or None."""
+    def _instrumented(self, gm, example_inputs, args, kwargs, only, partitions):
+        """``gm`` compiled with the statistics of its calls (``only`` those APIs), or None:
+        where it has none of them (``partitions.plan_less``), where instrumenting failed,
+        and where AOT autograd partitioned it otherwise than the plain graph (said once)."""
+        partitions.start_candidate()
         try:
             plan = instrument_forward(gm, self.by_func, self.dunders, self.with_tensors, only)
         except _Refused:
@@ -1056,11 +1086,18 @@ class CompileHook:
                           "are not dumped", type(exc).__name__, exc)
             return None
         if plan is None:
+            partitions.plan_less = True
             return None
-        self.instrumented += 1
-        kwargs = dict(kwargs, inner_compile=self._inner(kwargs.get("inner_compile"), plan))
-        with torch._functorch.config.patch(enable_autograd_cache=False):   # its hits skip inner_compile
+        self.instrumented += 1   # came through here (see after_step), kept or not
+        kwargs = dict(kwargs, inner_compile=self._inner(kwargs.get("inner_compile"), plan, partitions))
+        with _no_autograd_cache(), partitioning(partitions, plain=False):
             compiled = self._original(gm, example_inputs, *args, **kwargs)
+        if not partitions.candidate_matches():
+            _said.warning("partition", "probe: a compiled graph with probe's statistics is partitioned otherwise "
+                          "by AOT autograd (its forward saves for the backward what the graph without probe "
+                          "recomputes, or the reverse; the numbers could differ): left as compiled without probe's "
+                          "statistics where no other version matches")
+            return None
         return _Stripped(compiled, plan.extra, lambda vector, tensors: self._forward_ran(plan, vector, tensors),
                          plan.from_outputs)
 
@@ -1072,7 +1109,7 @@ class CompileHook:
         if torch.is_grad_enabled():
             plan.pending.append(names)
 
-    def _inner(self, inner, plan):
+    def _inner(self, inner, plan, partitions):
         if inner is None:
             from torch._inductor.compile_fx import compile_fx_inner as inner
 
@@ -1084,6 +1121,8 @@ class CompileHook:
                 return compile_fx_inner_instrumented(gm, example_inputs, **kw)
 
         def compile_fx_inner_instrumented(gm, example_inputs, **kw):
+            if not kw.get("is_backward"):
+                partitions.record(gm, plain=plan is None)
             if plan is None or not kw.get("is_backward"):
                 return inner(gm, example_inputs, **kw)
             try:
@@ -1131,6 +1170,17 @@ def _refusal(config_patches):
     if config_patches.get("triton.cudagraphs") or config.triton.cudagraphs:
         return "CUDA graphs"
     return None
+
+
+def _output_count(gm) -> int:
+    results = gm.graph.output_node().args[0]
+    return len(results) if isinstance(results, (tuple, list)) else 1
+
+
+def _no_autograd_cache():
+    """AOT autograd's cache off: its hits skip inductor's inner compile, where probe
+    instruments a backward graph and reads each forward's partition."""
+    return torch._functorch.config.patch(enable_autograd_cache=False)
 
 
 def _compile_fx():
