@@ -134,11 +134,6 @@ def test_a_call_statistics_cannot_judge_is_said_not_passed_as_clean(runs, tmp_pa
         assert "the TF32/HF32 precision the runs declared" in verdict, verdict
     else:   # named outright: better still
         assert summary["first_divergence"]["name"] == fault.expected(), verdict
-    # the whole run's grid says the same: that step is not clean
-    from probe.compare import compare_run
-    whole = compare_run(str(npu), runs("gpt2", "statistics"), str(tmp_path / "run"), processes=1)
-    cell = {c["step"]: c for c in whole.summary["grid"]}[1]
-    assert cell["verdict"] != "clean", cell
 
 
 def _wrong_scale_dropout(original):

@@ -115,12 +115,7 @@ def timeline(diag) -> Timeline:
                     bool(collective_op(u.npu_entry or u.bench_entry)) and u.direction == "forward",
                     u.input_error, u.output_error)
     cov = getattr(diag, "coverage", None)
-    not_judged = cov.text if cov is not None else ""
-    unsure = [u for u in calls if u.status == "can't tell"]
-    if mark is None and unsure and not not_judged:   # no culprit, but not every call judged: not clean
-        not_judged = (f"{len(unsure)} call{'s' if len(unsure) > 1 else ''} can't be told from statistics, "
-                      f"first {unsure[0].name}; dump tensors to judge {'them' if len(unsure) > 1 else 'it'}")
-    return Timeline(mark, colls, not_judged)
+    return Timeline(mark, colls, cov.text if cov is not None else "")
 
 
 @dataclass

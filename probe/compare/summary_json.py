@@ -139,18 +139,19 @@ def verdict_text(diag, primary) -> str:
         explains += " and the TF32/HF32 precision the runs declared (math_modes)"
     # a call statistics could not judge is no clean call: said, with the first of them
     unsure = [u for u in diag.calls if u.status == "can't tell"]
+    caveat = []
     if unsure:
         first = unsure[0]
-        parts.append(f"{len(unsure)} call{'s' if len(unsure) > 1 else ''} can't be told from statistics, first "
-                     f"{first.name}: {first.reason}; dump tensors to judge {'them' if len(unsure) > 1 else 'it'}")
+        caveat.append(f"{len(unsure)} call{'s' if len(unsure) > 1 else ''} can't be told from statistics, first "
+                      f"{first.name}: {first.reason}; dump tensors to judge {'them' if len(unsure) > 1 else 'it'}")
     if gaps:
         compared = diag.coverage.compared
         seen = ([f"among the {compared} call{'s' if compared > 1 else ''} compared none "
                  f"{'is shown to introduce' if unsure else 'introduces'} error beyond what {explains} explains"]
                 if compared else [])
-        return "; ".join([f"{NOT_JUDGED}: {gaps[0]}"] + gaps[1:] + parts + seen)
+        return "; ".join([f"{NOT_JUDGED}: {gaps[0]}"] + gaps[1:] + parts + seen + caveat)
     if unsure:
-        return "; ".join([f"no API is shown to introduce error beyond what {explains} explains"] + parts)
+        return "; ".join(parts + [f"no API is shown to introduce error beyond what {explains} explains"] + caveat)
     return "; ".join(parts + [f"no API introduces error beyond what {explains} explains"])
 
 
