@@ -69,7 +69,7 @@ def _variant(name):
     elif name == "torch rows":
         step_stats.fused_available = lambda t: False
     elif name == "fused alone":
-        step_stats.StepStats.prefetch = lambda self, values: None
+        step_stats.StepStats.prefetch = lambda self, values: False
     elif name == "no stats":
         step_stats.StepStats.add = lambda self, t: None
 

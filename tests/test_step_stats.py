@@ -167,7 +167,7 @@ def _foreach_dumps(tmp_path, monkeypatch, kernels):
     monkeypatch.setattr(step_stats, "fused_available", lambda t: t.dtype.is_floating_point and t.numel() > 0
                         and t.is_contiguous())
     with monkeypatch.context() as m:
-        m.setattr(StepStats, "prefetch", lambda self, values: None)
+        m.setattr(StepStats, "prefetch", lambda self, values: False)
         alone = _read(run("gpt2", tmp_path / "alone", task="statistics", steps=2, opt="adamw_foreach"), 2)
     assert not kernels.lists
     return alone, _read(run("gpt2", tmp_path / "lists", task="statistics", steps=2, opt="adamw_foreach"), 2)

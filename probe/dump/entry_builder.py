@@ -186,13 +186,13 @@ class EntryBuilder:
             return s
         if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
             rows = self.cache.step_stats
-            if rows is None or len(v) < 2:
-                return [self.describe(x, summaries, file_stem and f"{file_stem}.{i}") for i, x in enumerate(v)]
-            rows.prefetch(v)   # a foreach op's list: its tensors' rows in two launches
-            try:
-                return [self.describe(x, summaries, file_stem and f"{file_stem}.{i}") for i, x in enumerate(v)]
-            finally:
-                rows.forget_prefetched()
+            # a foreach op's list on CUDA: its tensors' rows in two launches
+            if rows is not None and len(v) > 1 and rows.prefetch(v):
+                try:
+                    return [self.describe(x, summaries, file_stem and f"{file_stem}.{i}") for i, x in enumerate(v)]
+                finally:
+                    rows.forget_prefetched()
+            return [self.describe(x, summaries, file_stem and f"{file_stem}.{i}") for i, x in enumerate(v)]
         if isinstance(v, dict):
             return {k: self.describe(x, summaries, file_stem and f"{file_stem}.{k}") for k, x in v.items()}
         return describe_value(v)

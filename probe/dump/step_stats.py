@@ -204,15 +204,16 @@ class StepStats:
                            "statistics are computed with torch ops from here on", type(exc).__name__, exc)
             return False
 
-    def prefetch(self, values) -> None:
+    def prefetch(self, values) -> bool:
         """Start the rows of the tensors in ``values`` (an argument that is a list: a foreach
         op's) together, two launches per dtype and device (``triton_stats.fused_rows``)
         where one or three per tensor would be; ``add`` then hands out the row of each. Called
         where the list is described, so the rows read what the call sees; ``forget_prefetched``
         after it. The list kernel is used for a dtype on a device only once its self-test
-        there agreed with the torch ops (``list_kernel_agrees``)."""
+        there agreed with the torch ops (``list_kernel_agrees``). Returns whether any row was
+        started (then ``forget_prefetched`` is due)."""
         if triton_kernels() is None:
-            return
+            return False
         groups: Dict[tuple, list] = {}
         for t in values:
             # an inference tensor has no version to check at ``add``: it goes alone
@@ -236,6 +237,7 @@ class StepStats:
                 self.lists_fused += 1
                 for k, t in enumerate(part):
                     self._ready[id(t)] = (t, t._version, buf, first + k)
+        return bool(self._ready)
 
     def forget_prefetched(self) -> None:
         """Drop rows prefetched and not taken (a tensor the summary cache already had)."""
