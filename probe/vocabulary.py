@@ -327,8 +327,9 @@ RESULTS = (PASS, WARNING, ERROR)
 CALL_STATUSES = ("clean", "introduces", "inherits", "can't tell", "draw", "unmatched", "not compared")
 # The statuses the report page tells apart, in its order (the others show as its first).
 PAGE_STATUSES = ("clean", "introduces", "inherits", "unmatched", "not compared")
-# A step/rank pair's verdict in a whole-run compare (the run's grid).
-RUN_VERDICTS = ("clean", "introduces", "inherits", "inputs_differ", "not_compared", "missing", "failed")
+# A step/rank pair's verdict in a whole-run compare (the run's grid). "cant_tell": no
+# introduction found, but calls statistics could not judge (causality.unjudged_calls).
+RUN_VERDICTS = ("clean", "introduces", "inherits", "inputs_differ", "cant_tell", "not_compared", "missing", "failed")
 
 # ---------------------------------------------------------------- compare columns
 

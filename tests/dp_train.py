@@ -2,7 +2,7 @@
 one device, with AdamW: the runs ``probe compare --npu DP_ROOT --bench SINGLE_ROOT`` pairs.
 
     python tests/dp_train.py OUT PORT RANK WORLD WRAPPER [--task tensor] [--fault R:S[:SCALE]]
-                             [--steps N] [--level L1]
+                             [--steps N] [--level L1] [--no-optimizer-dump]
 
 WRAPPER: ``ddp``, ``fsdp2`` (``fully_shard`` on each layer and on the root) or ``single``
 (one process, no process group: PORT, RANK and WORLD are ignored). Every step draws one
@@ -12,7 +12,9 @@ wrappers' averaging make the reduced gradients the single run's.
 
 - ``--task tensor``: dump tensors instead of statistics;
 - ``--fault R:S[:SCALE]``: on rank R at step S, fc1's matrix product is a wrong kernel (its
-  output scaled by SCALE, default 1.05; tests/tp_train.py's ScaleMatmul).
+  output scaled by SCALE, default 1.05; tests/tp_train.py's ScaleMatmul);
+- ``--no-optimizer-dump``: the dump stops before the optimizer's step (it still runs), as a
+  user who dumps forward and backward only has it.
 
 Writes the dump under OUT/dump and OUT/weights_rank{R}.pt (the final local weights).
 """
@@ -55,6 +57,7 @@ def _options(argv):
     parser.add_argument("--fault", default=None, help="RANK:STEP[:SCALE]")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--level", default="L1")
+    parser.add_argument("--no-optimizer-dump", action="store_true")
     opts = parser.parse_args(argv)
     return opts, parse_fault(opts.fault)
 
@@ -99,8 +102,12 @@ def main():
         opt.zero_grad()
         loss = F.mse_loss(model(x), y)
         loss.backward()
-        opt.step()
-        dbg.stop()
+        if opts.no_optimizer_dump:
+            dbg.stop()
+            opt.step()
+        else:
+            opt.step()
+            dbg.stop()
         dbg.step()
     dbg.close()
     weights = [(p.to_local() if hasattr(p, "to_local") else p).detach().clone() for p in model.parameters()]

@@ -8,6 +8,7 @@ shards); DDP's parameters are plain copies, checked to agree. A clean run names 
 wrong kernel on rank 1 at step 1 is named with its step and rank."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -31,6 +32,8 @@ RUNS = {   # name -> (wrapper, dp_train.py options)
     "fsdp2_stats_fault": ("fsdp2", ["--fault", "1:1:1.5"]),
     "ddp_stats": ("ddp", []),
     "ddp_tensor": ("ddp", ["--task", "tensor"]),
+    "single_stats_no_opt": ("single", ["--no-optimizer-dump"]),
+    "ddp_stats_no_opt": ("ddp", ["--no-optimizer-dump"]),
 }
 
 # As a user writes it for this model: the first pattern that matches a row wins.
@@ -92,6 +95,24 @@ def _compare(npu, bench, out, layout):
     return compare_run(npu, bench, str(out), processes=1, layout=layout)
 
 
+def _clean_where_merged_calls_are_checked(cell, first, why):
+    """A pair whose calls' outputs can't be merged across ranks (statistics of a Partial
+    tensor, copies no layout merges) is "clean" only where the calls compared after them
+    agree, and its cell says so: how many (the pair's "can't tell" calls, all of this kind),
+    the first with why, how many calls checked them. None such: clean, no reason."""
+    with open(cell["report"]) as fh:
+        n = json.load(fh)["calls"]["can't tell"]
+    assert cell["verdict"] == "clean", cell
+    if first is None:
+        assert n == 0 and cell["reason"] is None, cell
+        return
+    m = re.fullmatch(rf"{n} calls? can't be judged \((their outputs|its output) can't be merged across ranks\), "
+                     rf"first {re.escape(first)} can't be merged across ranks: (.+); the (\d+) calls? compared "
+                     r"after (the last of them|it) agrees? with the bench", cell["reason"] or "")
+    assert n >= 1 and m is not None, (n, cell)
+    assert m.group(2).startswith(why) and int(m.group(3)) >= 1, cell["reason"]
+
+
 def _rows(out, step):
     import glob
 
@@ -104,7 +125,10 @@ def test_data_parallel_against_one_device_names_nothing(run, layout, tmp_path, n
     mode = name.rsplit("_", 1)[1]
     s = _compare(run(name), run(f"single_{mode}"), tmp_path / "o", layout).summary
     assert s["first_divergence"] is None, s["first_divergence"]
-    assert s["steps"] == [0, 1, 2] and all(c["verdict"] == "clean" for c in s["grid"]) and not s["unpaired"]
+    assert s["steps"] == [0, 1, 2] and not s["unpaired"]
+    for cell in s["grid"]:    # from statistics the loss's mean over a rank's batch is Partial(avg)
+        _clean_where_merged_calls_are_checked(cell, *(("Functional.mse_loss.0.forward.output.0",
+                                                       "a Partial(avg) tensor") if mode == "stats" else (None, None)))
     assert "layout file" in s["notes"][0]
     for step in (0, 1, 2):
         rows = _rows(tmp_path / "o", step)
@@ -131,6 +155,29 @@ def test_data_parallel_against_one_device_names_nothing(run, layout, tmp_path, n
     merge = data["Tensor.addcdiv_.0.forward"]["output"][0]["merge"]
     assert merge == ("shard Shard(dim=0) over ranks 0,1 (recorded)" if name.startswith("fsdp2")
                      else "replicate over ranks 0,1 (plain)"), merge
+
+
+def test_gradients_nothing_after_checks_are_cant_tell_from_statistics(run, layout, tmp_path):
+    """DDP against one device in statistics mode, the dump stopped before the optimizer's
+    step: the ranks' own weight gradients (Partial(avg)) can't be merged from statistics and
+    no call compared after them reads them. Nothing checked them: every step is "cant_tell"
+    (never clean), saying how many calls, the first and why; the run names no culprit and
+    its answer does not say clean."""
+    from probe.compare.run_report import answer_lines
+    s = _compare(run("ddp_stats_no_opt"), run("single_stats_no_opt"), tmp_path / "o", layout).summary
+    assert s["first_divergence"] is None and s["steps"] == [0, 1, 2] and not s["unpaired"]
+    for cell in s["grid"]:
+        with open(cell["report"]) as fh:
+            n = json.load(fh)["calls"]["can't tell"]
+        assert cell["verdict"] == "cant_tell", cell
+        assert re.fullmatch(rf"{n} calls can't be judged \(their outputs can't be merged across ranks\), first "
+                            r"Functional\.mse_loss\.0\.forward\.output\.0 can't be merged across ranks: "
+                            r"a Partial\(avg\) tensor.*; no call compared after the last of them checks them; "
+                            r"dump tensors to judge them", cell["reason"]), cell["reason"]
+    lines = answer_lines(s)
+    assert lines[0].endswith(": cant_tell 3"), lines
+    assert lines[1] == "first divergence: none found, but 3 of 3 pair(s) have calls statistics can't tell " \
+                       "(never \"clean\")", lines
 
 
 @pytest.mark.parametrize("mode, scale_said", [("tensor", "its piece differs from the bench's slice at its offset"),

@@ -286,3 +286,60 @@ def test_run_grid_never_calls_a_step_with_nothing_compared_clean(runs, tmp_path,
     assert "not_compared 1" in first and "clean 2" in first, first
     assert any(line.startswith("[probe compare] not compared: step 1 rank 0: the NPU dump has no entries")
                for line in said), said
+
+
+def test_run_grid_never_calls_a_step_with_a_call_statistics_cannot_judge_clean(runs, tmp_path, caplog):
+    """Statistics mode, a run that declares truncated TF32, a matrix product 5% off at step 1
+    whose inputs already differ: the pair names no culprit and says one call can't be told
+    from statistics. The run's grid cell for step 1 is "cant_tell" with that call and why,
+    never "clean": in compare_summary.json, on the console, in the run workbook and on the
+    run's page; step 0 (no fault) stays clean, and the run's headline never says clean."""
+    fault = KernelFault("addmm.default", 3, 1, "scale", 1.05)
+    npu = run("gpt2", tmp_path / "npu", "statistics", steps=2, fault=fault, device=Device(tf32="truncate"))
+    assert fault.applied
+    out = str(tmp_path / "out")
+    said = _cli(["compare", "--npu", npu, "--bench", runs("gpt2", "statistics"), "-o", out], caplog)
+    summary = _summary(out)
+    cells = {c["step"]: c for c in summary["grid"]}
+    assert [cells[s]["verdict"] for s in (0, 1)] == ["clean", "cant_tell"], summary["grid"]
+    assert cells[0]["reason"] is None and summary["first_divergence"] is None
+    with open(cells[1]["report"], encoding="utf-8") as fh:
+        pair = json.load(fh)
+    n = pair["calls"]["can't tell"]
+    assert n >= 1 and f"can't be told from statistics, first {fault.expected()}" in pair["verdict"], pair["verdict"]
+    reason = cells[1]["reason"]
+    assert reason.startswith(f"{n} call{'s' if n > 1 else ''} can't be told from statistics, first "
+                             f"{fault.expected()}: its output statistics differ by "), reason
+    assert reason.endswith(f"dump tensors to judge {'them' if n > 1 else 'it'}"), reason
+    # the console: the counts, a headline that is not "none", the cell with its reason
+    first = next(line for line in said if line.startswith("[probe compare] run: "))
+    assert "cant_tell 1" in first and "clean 1" in first, first
+    assert "[probe compare] first divergence: none found, but 1 of 2 pair(s) have calls statistics can't tell " \
+           "(never \"clean\")" in said, said
+    assert f"[probe compare] can't tell: step 1 rank 0: {reason}" in said, said
+    # the run workbook: the Pairs row (yellow, with the reason), the Grid cell, the Run sheet
+    import openpyxl
+    book = openpyxl.load_workbook(next(os.path.join(out, f) for f in os.listdir(out)
+                                       if f.startswith("compare_run_") and f.endswith(".xlsx")))
+    pairs = {row[0].value: row for row in book["Pairs"].iter_rows(min_row=2)}
+    assert [c.value for c in pairs[1][2:5]] == ["cant_tell", None, reason]
+    assert pairs[1][2].fill.fgColor.rgb == "FFFFEB9C" and pairs[0][2].value == "clean"
+    assert [[c.value for c in row] for row in book["Grid"].iter_rows(min_row=2)] == [[0, "clean"], [1, "cant_tell"]]
+    run_items = {row[0].value: row[1].value for row in book["Run"].iter_rows(min_row=2)}
+    assert run_items["first divergence"].startswith("none found, but 1 of 2 pair(s) have calls statistics can't tell")
+    # the run's page: the cell says "can't tell" with the reason, the banner counts the pairs
+    from headless_browser import headless_chromium, open_page
+    browser = headless_chromium()
+    try:
+        from selenium.webdriver.common.by import By
+        open_page(browser, os.path.join(out, "compare_run.html"))
+        tds = browser.find_elements(By.CSS_SELECTOR, "#grid td")
+        assert [td.get_attribute("class") for td in tds] == ["clean", "cant_tell"]
+        link = tds[1].find_element(By.TAG_NAME, "a")
+        assert link.text == "can't tell" and link.get_attribute("title") == reason
+        assert browser.find_element(By.ID, "verdict").get_attribute("class") == "unsure"
+        assert browser.find_element(By.ID, "culprit").text == \
+            "Can't tell: 1 of 2 pair(s) have calls statistics can't judge"
+        assert "not every pair could be judged" in browser.find_element(By.ID, "next").text
+    finally:
+        browser.quit()

@@ -21,6 +21,11 @@ rank). In that order:
 
 Steps: the earliest step with an introduction wins; later steps inherit through the
 weights.
+
+A step whose pair names no introduction is "clean" only where its calls were judged: calls
+statistics "can't tell" from their numbers make it "cant_tell" (the first named); calls
+"can't tell" only because a shard merge could not give their numbers (merged_pair.py)
+leave it clean where the calls compared after them agree, and the cell's reason says so.
 """
 from __future__ import annotations
 
@@ -69,11 +74,24 @@ class Mark:
 
 
 @dataclass
+class Unsure:
+    """A pair's "can't tell" calls of one kind: how many, the first, and why."""
+    count: int
+    first: str
+    reason: str
+    last_index: int = -1       # the last one's position in the aligned call sequence
+
+
+@dataclass
 class Timeline:
     """What the run needs from one pair: its first divergence and its collectives."""
     first: Mark | None
     collectives: list = field(default_factory=list)   # k -> (name, status, input_error, output_error, tolerance)
     not_judged: str = ""       # why the pair's compare could not judge its step (coverage.py); "" if it could
+    cant_tell: Unsure | None = None    # calls statistics can't tell from their numbers
+    unmerged: Unsure | None = None     # calls "can't tell" because a shard merge could not give their numbers
+    agree_after: int = 0       # calls compared after the last unmerged one whose output agrees
+    differ_after: str = ""     # the first call compared after it whose output differs ("" if none)
 
 
 def epochs(calls) -> list:
@@ -115,13 +133,27 @@ def timeline(diag) -> Timeline:
                     bool(collective_op(u.npu_entry or u.bench_entry)) and u.direction == "forward",
                     u.input_error, u.output_error)
     cov = getattr(diag, "coverage", None)
-    return Timeline(mark, colls, cov.text if cov is not None else "")
+    t = Timeline(mark, colls, cov.text if cov is not None else "")
+    t.cant_tell = _unsure([u for u in calls if u.status == "can't tell" and not u.note])
+    t.unmerged = _unsure([u for u in calls if u.status == "can't tell" and u.note])
+    if t.unmerged is not None:
+        after = [u for u in calls if u.index > t.unmerged.last_index and u.output_error is not None
+                 and u.status in ("clean", "inherits", "introduces", "can't tell")]
+        t.agree_after = sum(u.status == "clean" for u in after)
+        t.differ_after = next((u.name for u in after if u.status != "clean"), "")
+    return t
+
+
+def _unsure(calls) -> Unsure | None:
+    if not calls:
+        return None
+    return Unsure(len(calls), calls[0].name, calls[0].reason, max(u.index for u in calls))
 
 
 @dataclass
 class Cell:
     """A pair's verdict in the run: its own diagnosis, corrected for the other ranks."""
-    verdict: str               # clean / introduces / inherits / inputs_differ / not_compared / missing / failed
+    verdict: str               # one of vocabulary.RUN_VERDICTS
     mark: Mark | None = None
     reason: str = ""
     source: int | None = None  # the rank it inherits from
@@ -137,7 +169,7 @@ def judge_step(timelines: dict) -> dict:
             continue
         m = t.first
         if m is None:          # clean only where the pair's compare could judge its step
-            cells[r] = Cell("not_compared", reason=t.not_judged) if t.not_judged else Cell("clean")
+            cells[r] = Cell("not_compared", reason=t.not_judged) if t.not_judged else unjudged_calls(t)
             continue
         sources = sorted((m2.order, r2) for r2, m2 in marks.items() if r2 != r and m2.reaches <= m.sees)
         if sources:
@@ -159,6 +191,40 @@ def judge_step(timelines: dict) -> dict:
             cells[r] = Cell("inputs_differ", m, "its inputs already differ, though no compared call "
                                                 "before it introduced error")
     return cells
+
+
+def unjudged_calls(t: Timeline) -> Cell:
+    """The cell of a pair that names no divergence and compared its step: "clean" unless
+    some of its calls could not be judged. Calls statistics can't tell from their numbers
+    (an output beyond tolerance they cannot attribute) make it "cant_tell"; calls whose
+    numbers a shard merge could not give leave it clean only where calls compared after
+    them agree (what those calls fed is then seen to agree downstream), and say so."""
+    n = t.cant_tell.count if t.cant_tell else 0
+    parts = []
+    if t.cant_tell is not None:
+        parts.append(f"{n} call{'s' if n > 1 else ''} can't be told from statistics, first "
+                     f"{t.cant_tell.first}: {t.cant_tell.reason}")
+    u = t.unmerged
+    checked = u is not None and t.agree_after > 0 and not t.differ_after
+    if u is not None:
+        many = u.count > 1
+        said = (f"{u.count} call{'s' if many else ''} can't be judged ({'their outputs' if many else 'its output'} "
+                f"can't be merged across ranks), first {u.reason}")
+        after = "the last of them" if many else "it"
+        if checked:
+            k = t.agree_after
+            parts.append(f"{said}; the {k} call{'s' if k > 1 else ''} compared after {after} "
+                         f"agree{'' if k > 1 else 's'} with the bench")
+        elif t.differ_after:
+            parts.append(f"{said}; a call compared after {after} differs ({t.differ_after})")
+        else:
+            parts.append(f"{said}; no call compared after {after} checks {'them' if many else 'it'}")
+    if not parts:
+        return Cell("clean")
+    if t.cant_tell is None and checked:
+        return Cell("clean", reason="; ".join(parts))
+    one = n + (u.count if u is not None else 0) == 1
+    return Cell("cant_tell", reason="; ".join(parts + [f"dump tensors to judge {'it' if one else 'them'}"]))
 
 
 def _g(x) -> str:

@@ -163,7 +163,8 @@ def build_summary(npu_root: str, bench_root: str, outcomes: list, unpaired: list
                 continue
             grid.append({"step": s, "rank": r, "verdict": c.verdict,
                          "first": c.mark.name if c.mark else None,
-                         "reason": c.reason if c.verdict == "not_compared" else None,
+                         "reason": c.reason if c.verdict in ("not_compared", "cant_tell", "clean") and c.reason
+                         else None,
                          "report": o.report if o else None, "html": o.html if o else None})
     first = None
     found = first_of_run(cells)
