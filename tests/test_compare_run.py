@@ -232,3 +232,30 @@ def test_lamport_order_over_collectives():
           (2, 1): judge_step({1: tl("Tensor.mul.0.forward", "introduced", 1, False, 45)})[1],
           (1, 0): judge_step({0: tl("Tensor.add.1.forward", "introduced", 3, False, 9)})[0]}
     assert first_of_run(at)[0] == (1, 0)
+
+
+def test_calls_not_judged_keep_a_step_from_clean():
+    """A pair with no divergence: "can't tell" calls judged from the numbers make the cell
+    cant_tell; calls whose outputs a merge could not give leave it clean only where the
+    calls compared after them agree (a later call that differs, or none: cant_tell)."""
+    from probe.compare.causality import Timeline, Unsure, judge_step
+    numbers = Unsure(2, "Torch.addmm.3.forward", "its output statistics differ by 0.05", 40)
+    merged = Unsure(1, "Functional.mse_loss.0.forward", "Functional.mse_loss.0.forward.output.0 can't be merged "
+                    "across ranks: a Partial(avg) tensor", 12)
+    cells = judge_step({0: Timeline(None, cant_tell=numbers),
+                        1: Timeline(None, unmerged=merged, agree_after=30),
+                        2: Timeline(None, unmerged=merged, agree_after=30, differ_after="Tensor.add_.0.forward"),
+                        3: Timeline(None, unmerged=merged),
+                        4: Timeline(None, cant_tell=numbers, unmerged=merged, agree_after=30),
+                        5: Timeline(None)})
+    assert [cells[r].verdict for r in range(6)] == ["cant_tell", "clean", "cant_tell", "cant_tell", "cant_tell",
+                                                    "clean"]
+    assert cells[0].reason == ("2 calls can't be told from statistics, first Torch.addmm.3.forward: its output "
+                               "statistics differ by 0.05; dump tensors to judge them")
+    said = ("1 call can't be judged (its output can't be merged across ranks), first Functional.mse_loss.0.forward."
+            "output.0 can't be merged across ranks: a Partial(avg) tensor; ")
+    assert cells[1].reason == said + "the 30 calls compared after it agree with the bench"
+    assert cells[2].reason == said + "a call compared after it differs (Tensor.add_.0.forward); dump tensors to judge it"
+    assert cells[3].reason == said + "no call compared after it checks it; dump tensors to judge it"
+    assert cells[4].reason.startswith("2 calls can't be told") and cells[4].reason.endswith("judge them")
+    assert cells[5].reason == ""

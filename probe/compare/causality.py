@@ -198,7 +198,8 @@ def unjudged_calls(t: Timeline) -> Cell:
     some of its calls could not be judged. Calls statistics can't tell from their numbers
     (an output beyond tolerance they cannot attribute) make it "cant_tell"; calls whose
     numbers a shard merge could not give leave it clean only where calls compared after
-    them agree (what those calls fed is then seen to agree downstream), and say so."""
+    them agree, and say so (later in the call sequence stands for downstream: the
+    diagnosis does not follow data from call to call)."""
     n = t.cant_tell.count if t.cant_tell else 0
     parts = []
     if t.cant_tell is not None:
