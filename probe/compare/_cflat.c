@@ -19,6 +19,9 @@
  * init(Row, Leaf, UNSET, entry_keys, stat_keys, tensor_types, plain_types, dtypes, shapes,
  *      leaf, walk)       once, from rows.py
  * entry_rows(entry_name, entry, out, store)     rows._entry_rows's twin
+ * fields(rows, names)       rows.fields_of's twin: several attributes of each row in one
+ *                           pass (one visit of each row's memory, where a pass per field made
+ *                           one each: 350k rows a side)
  *
  * tests/test_compare_flatten.py checks that both give the same rows.
  */
@@ -406,7 +409,74 @@ fail:
     return NULL;
 }
 
+/* fields(rows, names) -> one list per name: each row's attribute, None for a None row */
+static PyObject *c_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyTuple_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "fields(rows: list, names: tuple)");
+        return NULL;
+    }
+    PyObject *rows = args[0], *names = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(rows), m = PyTuple_GET_SIZE(names);
+    PyObject *out = PyTuple_New(m);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *col = PyList_New(n);
+        if (col == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, j, col);
+    }
+    /* the rows' type's member descriptors, read directly (no attribute lookup per row) */
+    PyTypeObject *known = NULL;
+    PyObject *descrs[32] = {NULL};
+    if (m > 32)
+        m = -1;
+    for (Py_ssize_t i = 0; i < n && m >= 0; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        if (row != Py_None && known == NULL) {
+            known = Py_TYPE(row);
+            for (Py_ssize_t j = 0; j < m; j++) {
+                PyObject *d = PyObject_GetAttr((PyObject *)known, PyTuple_GET_ITEM(names, j));
+                if (d == NULL)
+                    PyErr_Clear();
+                else if (Py_TYPE(d) != &PyMemberDescr_Type)
+                    Py_CLEAR(d);
+                descrs[j] = d;
+            }
+        }
+        for (Py_ssize_t j = 0; j < m; j++) {
+            PyObject *v;
+            if (row == Py_None) {
+                v = Py_None;
+                Py_INCREF(v);
+            } else if (Py_TYPE(row) == known && descrs[j] != NULL)
+                v = Py_TYPE(descrs[j])->tp_descr_get(descrs[j], row, (PyObject *)known);
+            else
+                v = PyObject_GetAttr(row, PyTuple_GET_ITEM(names, j));
+            if (v == NULL) {
+                for (Py_ssize_t jj = 0; jj < m; jj++)
+                    Py_XDECREF(descrs[jj]);
+                Py_DECREF(out);
+                return NULL;
+            }
+            PyList_SET_ITEM(PyTuple_GET_ITEM(out, j), i, v);
+        }
+    }
+    for (Py_ssize_t j = 0; j < m; j++)
+        Py_XDECREF(descrs[j]);
+    if (m < 0) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_ValueError, "fields: at most 32 names");
+        return NULL;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"fields", (PyCFunction)(void (*)(void))c_fields, METH_FASTCALL,
+     "fields(rows, names): per name, each row's attribute (None for a None row), in one pass."},
     {"init", c_init, METH_VARARGS, "init(Row, Leaf, UNSET, entry_keys, stat_keys, tensor_types, "
      "plain_types, dtypes, shapes, leaf, walk): what entry_rows makes and falls back on."},
     {"entry_rows", (PyCFunction)(void (*)(void))c_entry_rows, METH_FASTCALL,

@@ -8,3 +8,6 @@ def init(Row: type, Leaf: type, UNSET: Any, entry_keys: tuple, stat_keys: tuple,
 
 def entry_rows(entry_name: str, entry: Any, out: list, store: array) -> None:
     """``rows._entry_rows``: the entry's rows appended to ``out``, their statistics to ``store``."""
+
+def fields(rows: list, names: tuple) -> tuple:
+    """Per name, the list of each row's attribute (None for a None row)."""

@@ -141,6 +141,34 @@ def field_of(rows: list, name: str) -> list:
         return [get(r) if r is not None else None for r in rows]
 
 
+def fields_of(rows: list, names: tuple) -> tuple:
+    """``field_of`` of several fields, in one pass over the rows where the C extension
+    was built (a row's memory visited once: 350k rows a side)."""
+    if _cflat is not None:
+        return _cflat.fields(rows, names)
+    return tuple(field_of(rows, name) for name in names)
+
+
+def stats_in(stores: list, ks: list) -> np.ndarray:
+    """``stats_of`` of rows given by their ``store`` and ``k`` (``fields_of``'s lists)."""
+    n = len(ks)
+    out = np.full((n, _WIDTH), np.nan)
+    store = next((s for s in stores if s is not None), None)
+    if store is None:
+        return out
+    table = np.frombuffer(store, dtype=np.float64).reshape(-1, _WIDTH)
+    mine = np.fromiter(map(is_, stores, repeat(store)), bool, n)
+    if mine.all():                     # the usual case: every row in one store
+        out[:] = table[np.fromiter(ks, np.int64, n)]
+        return out
+    out[mine] = table[np.array(ks, dtype=object)[mine].astype(np.int64)]   # (None: no row)
+    other = ~mine & ~np.fromiter(map(is_, stores, repeat(None)), bool, n)
+    for i in np.flatnonzero(other).tolist():        # rows of another store
+        base = _WIDTH * ks[i]
+        out[i] = tuple(stores[i][base:base + _WIDTH])
+    return out
+
+
 def _num(x) -> float:
     if isinstance(x, bool):
         return float(x)
