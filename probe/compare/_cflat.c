@@ -16,7 +16,7 @@
  * appended to the store before such a call, so every row's place in it (Row.k) is the one
  * the Python path gives.
  *
- * init(Row, Leaf, UNSET, entry_keys, stat_keys, tensor_types, plain_types, dtypes, shapes,
+ * init(Row, Leaf, Entry, UNSET, entry_keys, stat_keys, tensor_types, plain_types, dtypes, shapes,
  *      leaf, walk)       once, from rows.py
  * entry_rows(entry_name, entry, out, store)     rows._entry_rows's twin
  * fields(rows, names)       rows.fields_of's twin: several attributes of each row in one
@@ -38,7 +38,7 @@ static const char *field_names[N_FIELDS] = {
     "type", "dtype", "shape", "requires_grad", "md5", "data_name", "value",
     "uninitialized", "opaque"};
 
-static PyObject *Row, *Leaf, *Entry_unset, *tensor_types, *plain_types, *dtypes, *shapes;
+static PyObject *Row, *Leaf, *EntryType, *Entry_unset, *tensor_types, *plain_types, *dtypes, *shapes;
 static PyObject *py_leaf, *py_walk;
 static PyObject *leaf_fields[N_FIELDS];
 static PyObject *stat_fields[MAX_STATS];
@@ -60,7 +60,7 @@ static PyObject *get_field(PyObject *descr, PyObject *obj) {
 
 static PyObject *c_init(PyObject *self, PyObject *args) {
     PyObject *entry_keys, *stat_keys;
-    if (!PyArg_ParseTuple(args, "OOOO!O!O!O!O!O!OO", &Row, &Leaf, &Entry_unset,
+    if (!PyArg_ParseTuple(args, "OOOOO!O!O!O!O!O!OO", &Row, &Leaf, &EntryType, &Entry_unset,
                           &PyTuple_Type, &entry_keys, &PyTuple_Type, &stat_keys,
                           &PyTuple_Type, &tensor_types, &PyTuple_Type, &plain_types,
                           &PyDict_Type, &dtypes, &PyDict_Type, &shapes, &py_leaf, &py_walk))
@@ -69,7 +69,7 @@ static PyObject *c_init(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "_cflat.init: too many statistics or entry keys");
         return NULL;
     }
-    PyObject *objs[] = {Row, Leaf, Entry_unset, tensor_types, plain_types, dtypes, shapes,
+    PyObject *objs[] = {Row, Leaf, EntryType, Entry_unset, tensor_types, plain_types, dtypes, shapes,
                         py_leaf, py_walk};
     for (size_t i = 0; i < sizeof objs / sizeof objs[0]; i++)
         Py_INCREF(objs[i]);
@@ -151,6 +151,8 @@ static int push(pending_t *p, const double *v) {
     }
     memcpy(p->buf + p->len, v, (size_t)n_stats * sizeof(double));
     p->len += n_stats;
+    if (p->len >= (1 << 16) * n_stats)      /* into the store now and then: a small buffer */
+        return flush(p);
     return 0;
 }
 
@@ -331,19 +333,9 @@ static int item_rows(PyObject *name, PyObject *entry_name, PyObject *io, PyObjec
     return 0;
 }
 
-static PyObject *c_entry_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!ready) {
-        PyErr_SetString(PyExc_RuntimeError, "_cflat.init was not called");
-        return NULL;
-    }
-    if (nargs != 4 || !PyList_CheckExact(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "entry_rows(entry_name, entry, out: list, store)");
-        return NULL;
-    }
-    PyObject *entry_name = args[0], *entry = args[1], *out = args[2];
-    pending_t p = {args[3], NULL, 0, 0, 0};
-    if (resync(&p) < 0)
-        return NULL;
+/* the rows of one Entry appended to out, their statistics to p (not flushed) */
+static int entry_rows(PyObject *entry_name, PyObject *entry, PyObject *out, pending_t *pp) {
+#define p (*pp)
     for (Py_ssize_t j = 0; j < n_parts; j++) {
         PyObject *io = part_ios[j];
         PyObject *part = PyObject_GetAttr(entry, part_keys[j]);
@@ -355,7 +347,7 @@ static PyObject *c_entry_rows(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
         if (!PyList_CheckExact(part) && !PyDict_CheckExact(part)) {
             PyObject *name = PyUnicode_FromFormat("%U.%U", entry_name, io);
-            int r = name == NULL ? -1 : item_rows(name, entry_name, io, part, out, &p);
+            int r = name == NULL ? -1 : item_rows(name, entry_name, io, part, out, pp);
             Py_XDECREF(name);
             Py_DECREF(part);
             if (r < 0)
@@ -376,7 +368,7 @@ static PyObject *c_entry_rows(PyObject *self, PyObject *const *args, Py_ssize_t 
                                             : PyUnicode_FromFormat("%zd", i);
                 PyObject *name = num == NULL ? NULL : PyUnicode_Concat(prefix, num);
                 Py_XDECREF(num);
-                r = name == NULL ? -1 : item_rows(name, entry_name, io, item, out, &p);
+                r = name == NULL ? -1 : item_rows(name, entry_name, io, item, out, pp);
                 Py_XDECREF(name);
                 Py_DECREF(item);
             }
@@ -389,7 +381,7 @@ static PyObject *c_entry_rows(PyObject *self, PyObject *const *args, Py_ssize_t 
                 PyObject *text = PyObject_Str(key);
                 PyObject *name = text == NULL ? NULL : PyUnicode_Concat(prefix, text);
                 Py_XDECREF(text);
-                r = name == NULL ? -1 : item_rows(name, entry_name, io, item, out, &p);
+                r = name == NULL ? -1 : item_rows(name, entry_name, io, item, out, pp);
                 Py_XDECREF(name);
                 Py_DECREF(key);
                 Py_DECREF(item);
@@ -400,10 +392,101 @@ static PyObject *c_entry_rows(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (r < 0)
             goto fail;
     }
+    return 0;
+fail:
+    return -1;
+#undef p
+}
+
+static PyObject *c_entry_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ready) {
+        PyErr_SetString(PyExc_RuntimeError, "_cflat.init was not called");
+        return NULL;
+    }
+    if (nargs != 4 || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "entry_rows(entry_name, entry, out: list, store)");
+        return NULL;
+    }
+    pending_t p = {args[3], NULL, 0, 0, 0};
+    int r = resync(&p) < 0 || entry_rows(args[0], args[1], args[2], &p) < 0 || flush(&p) < 0;
+    PyMem_Free(p.buf);
+    if (r)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* side_rows(data, decode, decode_entry, skip, flatten, out, store) -> entries read
+ *   data: entry name -> its raw JSON (msgspec.Raw), in file order (emptied here)
+ *   decode(raw): the entry as a reader.Entry (raises where it does not fit one)
+ *   decode_entry(name, raw): what reader.read_dump yields for it (an Entry, a dict, None;
+ *     DumpError for a damaged entry): the way of an entry decode refused or that is named
+ *     with skip (a parameters_grad entry: keyed by parameter name)
+ *   flatten(name, entry, store): rows.flatten, for what is not an Entry without parameters
+ *     (those, msprobe's order puts the parameters before the outputs: sorted in Python)
+ * One call per dump instead of a generator chain and three calls per entry in Python. */
+static PyObject *c_side_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ready) {
+        PyErr_SetString(PyExc_RuntimeError, "_cflat.init was not called");
+        return NULL;
+    }
+    if (nargs != 7 || !PyDict_CheckExact(args[0]) || !PyUnicode_Check(args[3]) || !PyList_CheckExact(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "side_rows(data: dict, decode, decode_entry, skip: str, flatten, out: list, store)");
+        return NULL;
+    }
+    PyObject *data = args[0], *decode = args[1], *decode_entry = args[2], *skip = args[3];
+    PyObject *flatten = args[4], *out = args[5];
+    pending_t p = {args[6], NULL, 0, 0, 0};
+    Py_ssize_t pos = 0, count = 0;
+    PyObject *name, *raw;
+    static PyObject *s_parameters = NULL;
+    if (s_parameters == NULL && (s_parameters = PyUnicode_InternFromString("parameters")) == NULL)
+        return NULL;
+    if (resync(&p) < 0)
+        goto fail;
+    while (PyDict_Next(data, &pos, &name, &raw)) {
+        PyObject *entry = NULL;
+        int special = PyUnicode_Check(name) ? PyUnicode_Contains(name, skip) : 1;
+        if (special < 0)
+            goto fail;
+        if (!special) {
+            entry = PyObject_CallOneArg(decode, raw);
+            if (entry == NULL)
+                PyErr_Clear();           /* decode_entry says why, or gives the dicts */
+        }
+        if (entry == NULL) {
+            PyObject *a[2] = {name, raw};
+            if ((entry = call_python(decode_entry, a, 2, &p)) == NULL)
+                goto fail;
+        }
+        int plain = 0;
+        if (Py_TYPE(entry) == (PyTypeObject *)EntryType) {
+            PyObject *params = PyObject_GetAttr(entry, s_parameters);
+            if (params == NULL) {
+                Py_DECREF(entry);
+                goto fail;
+            }
+            plain = params == Entry_unset;
+            Py_DECREF(params);
+        }
+        int r;
+        if (plain)
+            r = entry_rows(name, entry, out, &p);
+        else {
+            PyObject *a[3] = {name, entry, p.store};
+            PyObject *rows = call_python(flatten, a, 3, &p);
+            r = rows == NULL ? -1 : (PyList_SetSlice(out, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, rows));
+            Py_XDECREF(rows);
+        }
+        Py_DECREF(entry);
+        if (r < 0)
+            goto fail;
+        count++;
+    }
     if (flush(&p) < 0)
         goto fail;
     PyMem_Free(p.buf);
-    Py_RETURN_NONE;
+    PyDict_Clear(data);
+    return PyLong_FromSsize_t(count);
 fail:
     PyMem_Free(p.buf);
     return NULL;
@@ -477,8 +560,10 @@ static PyObject *c_fields(PyObject *self, PyObject *const *args, Py_ssize_t narg
 static PyMethodDef methods[] = {
     {"fields", (PyCFunction)(void (*)(void))c_fields, METH_FASTCALL,
      "fields(rows, names): per name, each row's attribute (None for a None row), in one pass."},
-    {"init", c_init, METH_VARARGS, "init(Row, Leaf, UNSET, entry_keys, stat_keys, tensor_types, "
+    {"init", c_init, METH_VARARGS, "init(Row, Leaf, Entry, UNSET, entry_keys, stat_keys, tensor_types, "
      "plain_types, dtypes, shapes, leaf, walk): what entry_rows makes and falls back on."},
+    {"side_rows", (PyCFunction)(void (*)(void))c_side_rows, METH_FASTCALL,
+     "side_rows(data, decode, decode_entry, skip, flatten, out, store): every entry's rows, in one call."},
     {"entry_rows", (PyCFunction)(void (*)(void))c_entry_rows, METH_FASTCALL,
      "entry_rows(entry_name, entry, out, store): rows._entry_rows in one pass."},
     {NULL, NULL, 0, NULL}};

@@ -27,7 +27,7 @@ from .construct import load_modules
 from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
 from .reader import DumpMeta, gc_paused, read_dump
-from .rows import Row, direction, field_of, fields_of, flatten, numels, stats_in
+from .rows import Row, direction, field_of, fields_of, flatten, numels, side_rows, stats_in
 from .tensors import load, resolve
 from probe.errors import DumpError
 from probe.tolerances import tolerance_for
@@ -82,8 +82,9 @@ def _read_side(path: str) -> Side:
     rows: list[Row] = []
     store = array("d")                 # the side's statistics (Row.stats)
     try:
-        for name, entry in read_dump(path, meta, typed=True):
-            rows.extend(flatten(name, entry, store))
+        for name, entry in read_dump(path, meta, typed=True,
+                                     bulk=lambda entries: side_rows(entries, rows, store)):
+            rows.extend(flatten(name, entry, store))       # (a file msgspec could not read whole)
     except DumpError as exc:
         if str(exc).startswith("entry "):       # (flatten's: the entry and the field, not the file)
             raise DumpError(f"{path}: {exc}") from None
@@ -99,7 +100,7 @@ def _read_side(path: str) -> Side:
 
 
 _DATA_NAME, _MD5 = attrgetter("data_name"), attrgetter("md5")
-_ROW_FIELDS = ("name", "entry", "kind", "dtype", "shape", "requires_grad", "store", "k", "unread", "value")
+_ROW_FIELDS = ("name", "kind", "dtype", "shape", "requires_grad")    # what Table.of and the judges read of each row
 
 
 def choose_mode(npu: Side, bench: Side, notes: list) -> str:
@@ -267,7 +268,7 @@ class Table:
     kinds: tuple = ((), ())          # per side, each row's kind (None: no row)
     fields: tuple = ({}, {})         # per side, field name -> each row's (rows.fields_of)
     stat_sel: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # stat_idx as an array
-    tol_run: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))    # tol_names as codes
+    tol_run: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))     # tol_names as codes
     tol_classes: list = field(default_factory=list)     # the names of those codes
     present: tuple = ((), ())        # per side, a bool array: the row is there
 
@@ -287,17 +288,16 @@ class Table:
             cols[f"{side} Dtype"] = f["dtype"]
             # (a "none" row, and only one, has no shape: rows.py makes it so); the shapes
             # are shared tuples (rows.py): their texts looked up by identity, not by value
-            ids = list(map(id, f["shape"]))
-            texts = dict(zip(ids, f["shape"]))
-            texts = {k: shape_text[v] for k, v in texts.items()}
-            cols[f"{side} Tensor Shape"] = list(map(texts.__getitem__, ids))
+            texts = {k: shape_text[v] for k, v in dict(zip(map(id, f["shape"]), f["shape"])).items()}
+            cols[f"{side} Tensor Shape"] = list(map(texts.__getitem__, map(id, f["shape"])))
             cols[f"{side} Requires_grad"] = f["requires_grad"]
         fa, fb = per_side["NPU"], per_side["Bench"]
         has_a, has_b = _present(fa["kind"]), _present(fb["kind"])
-        entries = fa["entry"]
+        entries = field_of(A, "entry")
         if not has_a.all():                              # bench-only rows: their entry
-            entries = [e if a is not None else b for e, a, b in zip(entries, fa["kind"], fb["entry"])]
+            entries = [a.entry if a is not None else b.entry for a, b in zip(A, B)]
         cols["Direction"] = _directions(entries)
+        del entries
         cols["Match"] = match
         if mode == "tensor":
             cols["Data_name"] = [str([r.data_name if r and r.data_name else "-1" for r in ab])
@@ -306,8 +306,8 @@ class Table:
         sel = np.flatnonzero(data_a & data_b)
         stat_idx = sel.tolist()
         summaries = {}               # side -> STATISTICS x rows, NaN where a row has none
-        for side, f in per_side.items():
-            summaries[side] = np.ascontiguousarray(stats_in(f["store"], f["k"]).T)
+        for side, rows in (("NPU", A), ("Bench", B)):
+            summaries[side] = np.ascontiguousarray(stats_in(*fields_of(rows, ("store", "k"))).T)
             if mode != "md5":        # md5 mode shows its hashes instead
                 for s, column in zip(STATISTICS, summaries[side]):
                     cols[f"{side} {s.column}"] = column
@@ -510,19 +510,22 @@ def _judge_by_statistics(t: Table, stat_rows: list):
         return
     sel = np.array(stat_rows, dtype=np.int64)
     ri = t.stat_sel[sel]
-    rows_i = ri.tolist()
     # per row its tolerance class's code: the tolerances are looked up per class (a few)
     run = t.tol_run[ri]
-    present = np.unique(run)
+    present = np.flatnonzero(np.bincount(run, minlength=len(t.tol_classes)))
     classes = [t.tol_classes[k] for k in present.tolist()]
-    cls = np.searchsorted(present, run)
+    lut = np.zeros(len(t.tol_classes), np.int8)
+    lut[present] = np.arange(len(present))
+    cls = lut[run]
+    del run
     tol_of = [vd.TOLERANCES.get(name) or vd.TOLERANCES["float32"] for name in classes]
     numel = _numels(t.fields[1]["shape"])[ri]
     ns, bs = t.npu_st[sel], t.bench_st[sel]
     ratio = stat_tolerance_ratio(ns, bs, numel, np.array([x.rtol for x in tol_of])[cls],
                                  np.array([x.floor for x in tol_of])[cls])
     tol_dtype = t.cols["Tolerance Dtype"]
-    exact = np.fromiter(map(eq, map(tol_dtype.__getitem__, rows_i), repeat("exact")), bool, len(rows_i))
+    rows_i = map(t.stat_idx.__getitem__, stat_rows)          # (ints shared with stat_idx: no new ones)
+    exact = np.fromiter(map(eq, map(tol_dtype.__getitem__, rows_i), repeat("exact")), bool, len(ri))
     common = np.isfinite(ns).all(axis=1) & np.isfinite(bs).all(axis=1) & ~exact     # kept cheap
     t.cols[ERR_TOLERANCE][ri[common]] = ratio[common]
     # vd.ratio_finding(r, tol, "statistics off by") of each row beyond its tolerance, made
@@ -536,11 +539,11 @@ def _judge_by_statistics(t: Table, stat_rows: list):
                                         (ratio <= vd.ERROR_FACTOR, ratio > vd.ERROR_FACTOR)):
             ks = np.flatnonzero(hit & mine & how_far)
             if len(ks):
-                t.find_many(ri[ks].tolist(), level,
+                t.find_many(list(map(t.stat_idx.__getitem__, map(stat_rows.__getitem__, ks.tolist()))), level,
                             map(str.__add__, map("statistics off by ".__add__,
                                                  map(format, ratio[ks].tolist(), repeat(".3g"))), repeat(tail)))
     for k in np.flatnonzero(~common).tolist():
-        _judge_uncommon(t, rows_i[k], ns[k], bs[k], float(ratio[k]), bool(exact[k]), tol_of[cls[k]])
+        _judge_uncommon(t, int(ri[k]), ns[k], bs[k], float(ratio[k]), bool(exact[k]), tol_of[cls[k]])
 
 
 def _judge_uncommon(t: Table, i: int, ns: np.ndarray, bs: np.ndarray, r: float, exact: bool, tol):
@@ -608,7 +611,7 @@ def _running_tolerance(kinds_a: list, dtypes_a: list, kinds_b: list, dtypes_b: l
     none = len(vd.RANK)
     names = [k for k, _ in sorted(vd.RANK.items(), key=lambda kv: kv[1])] + [None]
     if not kinds_a:
-        return np.zeros(0, np.int64), names
+        return np.zeros(0, np.int8), names
 
     def rank(key):
         kind, dtype = key
@@ -616,7 +619,7 @@ def _running_tolerance(kinds_a: list, dtypes_a: list, kinds_b: list, dtypes_b: l
 
     ra = _per_distinct(kinds_a, dtypes_a, rank)
     rb = _per_distinct(kinds_b, dtypes_b, rank)
-    return np.minimum.accumulate(np.minimum(ra, rb)), names
+    return np.minimum.accumulate(np.minimum(ra, rb)).astype(np.int8), names
 
 
 def _per_distinct(xs: list, ys: list, fn) -> np.ndarray:
@@ -656,10 +659,9 @@ def _directions(entries: list) -> list:
 def _numels(shapes: list) -> np.ndarray:
     """``Row.numel`` of each shape as float64, worked out once per distinct shape (the
     shapes are shared tuples, rows.py: found by identity)."""
-    ids = list(map(id, shapes))
-    distinct = dict(zip(ids, shapes))
+    distinct = dict(zip(map(id, shapes), shapes))
     numel = dict(zip(distinct, numels(list(distinct.values()))))
-    return np.fromiter(map(numel.__getitem__, ids), np.float64, len(ids))
+    return np.fromiter(map(numel.__getitem__, map(id, shapes)), np.float64, len(shapes))
 
 
 def _present(kinds: list) -> np.ndarray:

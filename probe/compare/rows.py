@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
-from .reader import Entry, Leaf
+from .reader import Entry, Leaf, RawEntries
 from probe.errors import DumpError
 from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS, PARAMETERS_GRAD, STAT_KEYS, parse_entry_name
 from probe.vocabulary import direction  # noqa: F401  (engine reads it from here)
@@ -268,7 +268,7 @@ try:
 except ImportError:         # built without a C compiler: the same rows, in Python
     _cflat = None           # type: ignore[assignment]
 else:
-    _cflat.init(Row, Leaf, UNSET, ENTRY_KEYS, STAT_KEYS, _TENSOR_TYPES, _PLAIN_TYPES, _dtypes, _shapes,
+    _cflat.init(Row, Leaf, Entry, UNSET, ENTRY_KEYS, STAT_KEYS, _TENSOR_TYPES, _PLAIN_TYPES, _dtypes, _shapes,
                 _leaf, _walk)
 
 
@@ -279,6 +279,20 @@ def entry_rows(entry_name: str, entry: Entry, out: list, store: array) -> None:
         _cflat.entry_rows(entry_name, entry, out, store)
     else:
         _entry_rows(entry_name, entry, out, store)
+
+
+def side_rows(entries: RawEntries, out: list, store: array) -> int:
+    """The rows of every entry of ``entries`` appended to ``out`` (statistics to
+    ``store``), in file order: what ``flatten`` of each gives; how many entries.  In C
+    where the extension was built (one call for the dump), else entry by entry here."""
+    if _cflat is not None:
+        return _cflat.side_rows(entries.data, entries.decode, entries.decode_entry, entries.dicts_named,
+                                flatten, out, store)
+    data = entries.data
+    names = list(data)
+    for name in names:
+        out.extend(flatten(name, entries.decode_entry(name, data.pop(name)), store))
+    return len(names)
 
 
 def flatten(entry_name: str, entry: Entry | dict, store: array | None = None) -> list[Row]:
