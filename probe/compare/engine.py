@@ -16,7 +16,7 @@ from array import array
 from dataclasses import dataclass, field
 from collections import deque
 from itertools import repeat
-from operator import attrgetter, eq, is_, is_not, ne
+from operator import attrgetter, eq, is_, is_not
 from typing import Iterable, Sequence
 
 import numpy as np
