@@ -105,3 +105,26 @@ def test_odd_leaves_same_rows(tmp_path, monkeypatch):
     assert by_name["Functional.relu.1.forward.output.69"].k == by_name["Functional.relu.1.forward.output.0"].k + 69
     ios = [r.io for r in got if r.entry == "Functional.linear.0.forward"]
     assert ios == sorted(ios, key=["input", "parameters", "output"].index)     # msprobe's order
+
+
+def test_direction_column_follows_the_grammar_for_every_entry(tmp_path):
+    """The table's Direction, worked out once per API (engine._directions), is what the
+    vocabulary's parser gives each entry: API calls whatever their counter, modules,
+    names outside the grammar."""
+    from probe.compare.engine import compare_dumps
+    from probe.vocabulary import direction
+
+    names = ["Functional.linear.0.forward", "Functional.linear.17.forward", "Functional.linear.3.backward",
+             "Tensor.__add__.007.forward", "Torch.matmul.2.forward", "Module.fc.Linear.forward.0",
+             "Module.fc.Linear.backward.3", "Module.fc.Linear.parameters_grad", "Functional.a.b.1.backward",
+             "weird.5.forward", "5.forward", "x.y.forward", "Functional..1.forward", "Functional.relu.x1.forward",
+             "Functional.relu.\u0663.forward", "Module.blocks.0.attn.Attention.forward.12", "Distributed.all_reduce.4.forward"]
+    data = {n: ({"weight": _T} if n.endswith("parameters_grad") else {"input_args": [_T], "output": [_T]}) for n in names}
+    for side in ("npu", "bench"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "dump.json").write_text(json.dumps({"task": "statistics", "level": "mix", "data": data}))
+    res = compare_dumps(str(tmp_path / "npu" / "dump.json"), str(tmp_path / "bench" / "dump.json"), progress=False)
+    entries = [p.npu.entry for p in res.pairs]
+    assert set(entries) == set(names)
+    assert res.columns["Direction"] == [direction(e) for e in entries]
+    assert {"forward", "backward", "parameters_grad", ""} <= set(res.columns["Direction"])
