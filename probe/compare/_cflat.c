@@ -207,7 +207,7 @@ static PyObject *leaf_row(PyObject *name, PyObject *entry_name, PyObject *io, Py
     Py_ssize_t k = p->base + p->len / n_stats;
     PyObject *kk;
     if (tensor) {
-        int all_none = 1, ok = 1;
+        int ok = 1;
         for (Py_ssize_t s = 0; s < n_stats && ok; s++) {
             PyObject *x = get_field(stat_fields[s], leaf);
             if (x == NULL)
@@ -215,7 +215,6 @@ static PyObject *leaf_row(PyObject *name, PyObject *entry_name, PyObject *io, Py
             if (x == Py_None)
                 stats[s] = Py_NAN;
             else {
-                all_none = 0;
                 int r = as_double(x, &stats[s]);
                 if (r < 0) {
                     Py_DECREF(x);
@@ -225,9 +224,9 @@ static PyObject *leaf_row(PyObject *name, PyObject *entry_name, PyObject *io, Py
             }
             Py_DECREF(x);
         }
-        /* array.fromlist takes all or none: a None among numbers is the Python path's
-         * NaN all the same (rows._num), so only a text / a huge integer goes there */
-        (void)all_none;
+        /* (the Python path's array.fromlist takes all or none, then rows._num: a None
+         * among numbers is its NaN all the same, so only a text, a bool or a huge
+         * integer goes there) */
         if (!ok || !PyUnicode_CheckExact(f[F_DTYPE]))
             goto done;
         PyObject *sh = f[F_SHAPE];
@@ -445,9 +444,12 @@ static PyObject *c_side_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
         goto fail;
     while (PyDict_Next(data, &pos, &name, &raw)) {
         PyObject *entry = NULL;
+        int r = -1;
+        Py_INCREF(name);             /* (held across the Python calls below) */
+        Py_INCREF(raw);
         int special = PyUnicode_Check(name) ? PyUnicode_Contains(name, skip) : 1;
         if (special < 0)
-            goto fail;
+            goto next;
         if (!special) {
             entry = PyObject_CallOneArg(decode, raw);
             if (entry == NULL)
@@ -456,19 +458,16 @@ static PyObject *c_side_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
         if (entry == NULL) {
             PyObject *a[2] = {name, raw};
             if ((entry = call_python(decode_entry, a, 2, &p)) == NULL)
-                goto fail;
+                goto next;
         }
         int plain = 0;
         if (Py_TYPE(entry) == (PyTypeObject *)EntryType) {
             PyObject *params = PyObject_GetAttr(entry, s_parameters);
-            if (params == NULL) {
-                Py_DECREF(entry);
-                goto fail;
-            }
+            if (params == NULL)
+                goto next;
             plain = params == Entry_unset;
             Py_DECREF(params);
         }
-        int r;
         if (plain)
             r = entry_rows(name, entry, out, &p);
         else {
@@ -477,7 +476,10 @@ static PyObject *c_side_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
             r = rows == NULL ? -1 : (PyList_SetSlice(out, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, rows));
             Py_XDECREF(rows);
         }
-        Py_DECREF(entry);
+    next:
+        Py_XDECREF(entry);
+        Py_DECREF(name);
+        Py_DECREF(raw);
         if (r < 0)
             goto fail;
         count++;
