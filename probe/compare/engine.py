@@ -275,8 +275,8 @@ class Table:
     @classmethod
     def of(cls, pairs: list, mode: str, stack_mode: bool) -> Table:
         """The descriptive columns of the paired rows (names, dtypes, shapes, statistics),
-        each read from the rows in C (``field_of``) and worked out once per distinct value:
-        a Python step per row was a third of the compare of bench/compare.py's 100k-entry pair."""
+        each side's fields read from its rows in one C pass (``fields_of``), the shape texts,
+        tolerance classes and directions worked out once per distinct value."""
         n = len(pairs)
         cols: dict = dict.fromkeys(columns_for(mode, stack_mode))   # in order; filled below
         A, B, match = fields_of(pairs, ("npu", "bench", "align"))
