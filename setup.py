@@ -2,7 +2,8 @@
 
 ``probe.dump._cstats`` computes tensor statistics in one pass; ``probe.dump._cstack``
 reads the key of a call stack; ``probe.compare.xlsx._cjoin`` joins the rows of the
-compare's workbook and CSV. All are optional: where no C compiler is found the build
+compare's workbook and CSV; ``probe.compare._cflat`` makes the rows of a dump.json
+entry. All are optional: where no C compiler is found the build
 goes on without them and probe uses its Python paths, which give the same results.
 """
 import sys
@@ -19,4 +20,6 @@ setup(ext_modules=[Extension("probe.dump._cstats", ["probe/dump/_cstats.c"],
                    Extension("probe.dump._cstack", ["probe/dump/_cstack.c"],
                              extra_compile_args=_FLAGS, optional=True),
                    Extension("probe.compare.xlsx._cjoin", ["probe/compare/xlsx/_cjoin.c"],
+                             extra_compile_args=_FLAGS, optional=True),
+                   Extension("probe.compare._cflat", ["probe/compare/_cflat.c"],
                              extra_compile_args=_FLAGS, optional=True)])

@@ -1,0 +1,17 @@
+"""Type stub of the C extension ``_cflat.c`` (the rows of a dump.json entry in one pass)."""
+from array import array
+from typing import Any, Callable
+
+def init(Row: type, Leaf: type, Entry: type, UNSET: Any, entry_keys: tuple, stat_keys: tuple, tensor_types: tuple,
+         plain_types: tuple, dtypes: dict, shapes: dict, leaf: Callable, walk: Callable) -> None:
+    """What ``entry_rows`` makes (``Row``), reads (``Leaf``) and falls back on (``leaf``, ``walk``)."""
+
+def entry_rows(entry_name: str, entry: Any, out: list, store: array) -> None:
+    """``rows._entry_rows``: the entry's rows appended to ``out``, their statistics to ``store``."""
+
+def fields(rows: list, names: tuple) -> tuple:
+    """Per name, the list of each row's attribute (None for a None row)."""
+
+def side_rows(data: dict, decode: Callable, decode_entry: Callable, skip: str, flatten: Callable,
+              out: list, store: array) -> int:
+    """Every entry of ``data`` (name -> raw JSON) decoded and flattened into ``out``; how many."""

@@ -1,0 +1,130 @@
+"""The rows of a dump.json entry are the same whether the C extension ``_cflat`` makes
+them or the Python path does (``rows._cflat`` set to None): the same fields, the same
+statistics at the same places in the side's store, the same order, for msprobe's real
+dumps and for the odd leaves the C path hands back to Python mid-entry."""
+import glob
+import json
+import math
+import os
+from array import array
+
+import pytest
+
+from probe.compare import rows
+from probe.compare.reader import read_dump
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "msprobe")
+
+needs_c = pytest.mark.skipif(rows._cflat is None, reason="probe.compare._cflat not built (no C compiler)")
+
+
+def _side(path, monkeypatch, c: bool):
+    """All rows of a dump.json and their store, by one path."""
+    with monkeypatch.context() as m:
+        if not c:
+            m.setattr(rows, "_cflat", None)
+        out, store = [], array("d")
+        for name, entry in read_dump(path, typed=True):
+            out.extend(rows.flatten(name, entry, store))
+    return out, store
+
+
+def _fields(row):
+    return (row.name, row.entry, row.io, row.kind, row.dtype, row.shape, row.k, row.requires_grad,
+            row.md5, row.data_name, repr(row.value), row.unread)
+
+
+def _same(path, monkeypatch):
+    c_rows, c_store = _side(path, monkeypatch, True)
+    py_rows, py_store = _side(path, monkeypatch, False)
+    assert [_fields(r) for r in c_rows] == [_fields(r) for r in py_rows]
+    assert c_rows == py_rows                  # statistics too (NaN equal to NaN)
+    assert len(c_store) == len(py_store)
+    assert all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(c_store, py_store))
+    return c_rows
+
+
+@needs_c
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(FIXTURES, "*", "step0", "*", "dump.json"))))
+def test_msprobe_dumps_same_rows(path, monkeypatch):
+    got = _same(path, monkeypatch)
+    assert got and any(r.kind == "tensor" for r in got)
+
+
+_T = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2, 3],
+      "Max": 1.5, "Min": -1.0, "Mean": 0.25, "Norm": 3.0, "requires_grad": True}
+
+
+def _odd_entries():
+    """Every kind of leaf, the odd ones between common ones (the store's places must follow)."""
+    return {
+        "Functional.linear.0.forward": {
+            "input_args": [_T, dict(_T, Max=2, Min=None), dict(_T, Max="big"), dict(_T, Norm=10 ** 400),
+                           dict(_T, Mean=True), dict(_T, shape=None), dict(_T, shape=[]), _T,
+                           {"type": "numpy.ndarray", "dtype": "float64", "shape": [4], "Max": 1.0,
+                            "Min": 0.0, "Mean": 0.5, "Norm": 1.0},
+                           {"type": "SomeTensor", "dtype": "x", "shape": [1]},
+                           {"type": "torch.Tensor", "shape": [3], "Max": 1.0},
+                           dict(_T, dtype=None), dict(_T, data_name=""), dict(_T, data_name="a.pt", md5="00ff"),
+                           dict(_T, uninitialized=True), dict(_T, opaque=True), dict(_T, requires_grad=None),
+                           None, [_T, [_T, None]], {"type": "int", "value": 3}],
+            "input_kwargs": {"dim": {"type": "int", "value": -1}, "alpha": {"type": "float", "value": 0.5},
+                             "flag": {"type": "bool", "value": True}, "mode": {"type": "str", "value": "sum"},
+                             "none": {"type": "int", "value": None}, "huge": {"type": "int", "value": 10 ** 30},
+                             "huger": {"type": "int", "value": 10 ** 400}, "lst": {"type": "int", "value": [1, 2]},
+                             "dev": {"type": "torch.device", "value": "cpu"}, "t": _T, "nothing": None},
+            "parameters": {"weight": _T, "bias": dict(_T, shape=[3])},
+            "output": [dict(_T, Max=float("inf"), Min=float("-inf")), _T],
+        },
+        "Functional.relu.0.forward": {"input_args": [_T], "output": None},
+        "Functional.relu.1.forward": {"input_args": _T, "output": [_T] * 70},
+        "Functional.gelu.0.forward": {"input_args": [_T], "input_kwargs": {"approximate": {"type": "str", "value": "none"},
+                                                                           "nested": {"a": _T}}},
+        "Module.fc.Linear.parameters_grad": {"weight": _T, "bias": _T},
+        "Functional.empty.0.forward": {},
+        "Functional.null.0.forward": None,
+    }
+
+
+@needs_c
+def test_odd_leaves_same_rows(tmp_path, monkeypatch):
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps({"task": "statistics", "level": "L1", "data": _odd_entries()}))
+    got = _same(str(path), monkeypatch)
+    by_name = {r.name: r for r in got}
+    # the odd cases as the Python path has them (so the C path is checked against them too)
+    assert by_name["Functional.linear.0.forward.input.3"].stats[3] == math.inf       # 10**400
+    assert math.isnan(by_name["Functional.linear.0.forward.input.2"].stats[0])       # a text
+    assert by_name["Functional.linear.0.forward.input.lst"].dtype == "<class 'list'>"
+    assert by_name["Functional.linear.0.forward.input.huger"].stats[0] == math.inf
+    assert by_name["Functional.linear.0.forward.input.none"].dtype == "<class 'NoneType'>"
+    assert by_name["Functional.linear.0.forward.input.dev"].dtype == "torch.device"
+    assert by_name["Functional.linear.0.forward.input.11"].dtype == "None"
+    assert by_name["Functional.linear.0.forward.input.12"].data_name is None
+    assert by_name["Functional.linear.0.forward.input.14"].unread
+    assert by_name["Functional.relu.1.forward.output.69"].k == by_name["Functional.relu.1.forward.output.0"].k + 69
+    ios = [r.io for r in got if r.entry == "Functional.linear.0.forward"]
+    assert ios == sorted(ios, key=["input", "parameters", "output"].index)     # msprobe's order
+
+
+def test_direction_column_follows_the_grammar_for_every_entry(tmp_path):
+    """The table's Direction, worked out once per API (engine._directions), is what the
+    vocabulary's parser gives each entry: API calls whatever their counter, modules,
+    names outside the grammar."""
+    from probe.compare.engine import compare_dumps
+    from probe.vocabulary import direction
+
+    names = ["Functional.linear.0.forward", "Functional.linear.17.forward", "Functional.linear.3.backward",
+             "Tensor.__add__.007.forward", "Torch.matmul.2.forward", "Module.fc.Linear.forward.0",
+             "Module.fc.Linear.backward.3", "Module.fc.Linear.parameters_grad", "Functional.a.b.1.backward",
+             "weird.5.forward", "5.forward", "x.y.forward", "Functional..1.forward", "Functional.relu.x1.forward",
+             "Functional.relu.\u0663.forward", "Module.blocks.0.attn.Attention.forward.12", "Distributed.all_reduce.4.forward"]
+    data = {n: ({"weight": _T} if n.endswith("parameters_grad") else {"input_args": [_T], "output": [_T]}) for n in names}
+    for side in ("npu", "bench"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "dump.json").write_text(json.dumps({"task": "statistics", "level": "mix", "data": data}))
+    res = compare_dumps(str(tmp_path / "npu" / "dump.json"), str(tmp_path / "bench" / "dump.json"), progress=False)
+    entries = [p.npu.entry for p in res.pairs]
+    assert set(entries) == set(names)
+    assert res.columns["Direction"] == [direction(e) for e in entries]
+    assert {"forward", "backward", "parameters_grad", ""} <= set(res.columns["Direction"])
