@@ -49,7 +49,7 @@ from .draws import DrawCheck
 from .local_error import LocalError, Replays
 from .normalized_norm import NormCheck, norm_check
 from .rows import field_of, numels, stats_of
-from probe.precheck.entries import DROPOUT_ARGS, parse_name
+from probe.precheck.entries import DROPOUT_ARGS, ApiEntry, parse_name
 from probe.python_compat import SLOTS
 from probe.tolerances import tolerance_for
 
@@ -84,6 +84,7 @@ _CONVS = frozenset(a for a in MATRIX_UNIT if a.startswith("conv"))
 
 
 _UNPARSED = object()
+UNJUDGED_TOLERANCE = 1e-4     # a call's tolerance until its outputs are compared
 
 
 class CallDiag(msgspec.Struct, gc=False):
@@ -100,7 +101,7 @@ class CallDiag(msgspec.Struct, gc=False):
     rows: list = []                                # row indices in the result table
     input_error: float | None = None
     output_error: float | None = None
-    tolerance: float = 1e-4
+    tolerance: float = UNJUDGED_TOLERANCE
     noise: float | None = None                     # run-to-run output error (bench vs bench2)
     noise_in: float | None = None                  # ... and input error
     worst_row: int | None = None                    # the output row with the largest error
@@ -347,10 +348,12 @@ def row_errors(result, facts: _RowFacts) -> list:
     row at a time."""
     cols, mode = result.columns, result.mode
     err = np.full(result.n_rows, np.nan)
-    tol_dtype, verdicts = cols["Tolerance Dtype"], cols["Result"]
+    verdicts = cols["Result"]
     both = facts.npu_tensor & facts.bench_tensor
-    exact = both & (np.array(tol_dtype, dtype=object) == "exact")
-    err[exact] = np.where(np.array(verdicts, dtype=object)[exact] == "pass", 0.0, 1.0)
+    exact = both & (facts.tol_code == facts.tol_names.index("exact")) if "exact" in facts.tol_names \
+        else np.zeros(len(err), dtype=bool)
+    if exact.any():
+        err[exact] = np.where(np.array(verdicts, dtype=object)[exact] == "pass", 0.0, 1.0)
     rest = both & ~exact
     if mode == "statistics":
         by_stats = rest & facts.same_shape
@@ -367,17 +370,16 @@ def row_errors(result, facts: _RowFacts) -> list:
                 by_stats[i] = True
     rows = np.flatnonzero(by_stats)
     if len(rows):
-        floors: dict = {}
-        floor = np.array([floors.get(t) or floors.setdefault(t, tolerance_for(t).floor)
-                          for t in map(tol_dtype.__getitem__, rows.tolist())])
-        err[rows] = stat_errors(facts.npu_stats[rows], facts.bench_stats[rows], facts.bench_numel[rows], floor)
+        err[rows] = stat_errors(facts.npu_stats[rows], facts.bench_stats[rows], facts.bench_numel[rows],
+                                facts.floor[rows])
     # NaN/Inf on one side only: an infinite error (a shape or dtype mismatch with finite
     # numbers is not measured, nor is a NaN both sides hold, nor an error of inf / inf
     # where both sides' norms overflow and their statistics are alike non-finite)
     left = np.flatnonzero(rest & np.isnan(err))
     if len(left):
         one_sided = (np.isfinite(facts.npu_stats[left]) != np.isfinite(facts.bench_stats[left])).any(axis=1)
-        error = np.array([verdicts[i] == "error" for i in left.tolist()], dtype=bool)
+        error = np.fromiter(map(operator.eq, map(verdicts.__getitem__, left.tolist()), repeat("error")),
+                            bool, len(left))
         err[left[one_sided & error]] = math.inf
     return [None if e != e else e for e in err.tolist()]
 
@@ -406,11 +408,21 @@ class _RowFacts:
     bench_stats: np.ndarray
     bench_norm: np.ndarray   # the paired bench tensor's Norm, else NaN
     bench_numel: np.ndarray  # the paired bench tensor's elements, else 0
+    npu_rows: list           # per row the NPU side's Row (None where it has none)
+    bench_rows: list
+    has_npu: np.ndarray      # the NPU side holds the row
+    has_bench: np.ndarray
+    tol_names: list          # the tolerance classes (the "Tolerance Dtype" column's values) ...
+    tol_code: np.ndarray     # ... and each row's, as its index in them
+    floor: np.ndarray        # each row's tolerance class's floor (tolerances.tolerance_for)
     unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # the row's call (_units)
 
     @classmethod
-    def of(cls, pairs) -> _RowFacts:
+    def of(cls, result) -> _RowFacts:
+        pairs = result.pairs
         n = len(pairs)
+        tol_names, tol_code = codes(list(result.columns["Tolerance Dtype"]))
+        floor = np.array([tolerance_for(t).floor for t in tol_names] or [0.0])[tol_code]
         A, B = [p.npu for p in pairs], [p.bench for p in pairs]
         kind_a, kind_b = field_of(A, "kind"), field_of(B, "kind")
         shape_a, shape_b = field_of(A, "shape"), field_of(B, "shape")
@@ -418,8 +430,9 @@ class _RowFacts:
         bench_tensor = np.fromiter(map(operator.eq, kind_b, repeat("tensor")), bool, n)
         npu_io = np.fromiter(map(_IO_CODE.get, field_of(A, "io"), repeat(0)), np.int8, n)
         bench_io = np.fromiter(map(_IO_CODE.get, field_of(B, "io"), repeat(0)), np.int8, n)
-        paired = np.fromiter(map(operator.is_not, A, repeat(None)), bool, n) & \
-            np.fromiter(map(operator.is_not, B, repeat(None)), bool, n)
+        has_npu = np.fromiter(map(operator.is_not, A, repeat(None)), bool, n)
+        has_bench = np.fromiter(map(operator.is_not, B, repeat(None)), bool, n)
+        paired = has_npu & has_bench
         same_shape = paired & np.fromiter(map(operator.eq, shape_a, shape_b), bool, n)
         taken = paired & bench_tensor
         # paired tensors only: a one-sided row's shape is never multiplied (it may not be numbers)
@@ -432,7 +445,8 @@ class _RowFacts:
         return cls(npu_tensor, bench_tensor, npu_io, paired, part,
                    taken & (bench_io >= 1) & (bench_io <= _IO_CODE["parameters"]),
                    taken & (npu_io == _IO_CODE["output"]) & same_shape, same_shape, npu_stats, bench_stats,
-                   np.where(taken, bench_stats[:, 3], np.nan), bench_numel)
+                   np.where(taken, bench_stats[:, 3], np.nan), bench_numel, A, B, has_npu, has_bench,
+                   tol_names, tol_code, floor)
 
 
 def _per_call(n_calls: int, unit: np.ndarray, values: np.ndarray, empty=-np.inf) -> np.ndarray:
@@ -451,7 +465,7 @@ def _cancellation_floors(result, facts: _RowFacts, n_calls: int, errors):
     which relative to its own tiny magnitude looks like a 100% error. Judged against the
     magnitude the sum would have without cancellation, sqrt(N) x RMS of the largest input
     (N = its elements per output element), that noise is the dtype's rounding again."""
-    pairs, tol_dtype = result.pairs, result.columns["Tolerance Dtype"]
+    pairs = result.pairs
     with np.errstate(invalid="ignore"):
         taken = facts.paired & facts.bench_in & (facts.bench_norm > -1.0)
     rows = np.flatnonzero(taken)
@@ -470,8 +484,7 @@ def _cancellation_floors(result, facts: _RowFacts, n_calls: int, errors):
     u = facts.unit[out]
     rms = big_norm[u] / np.sqrt(big_numel[u])
     floors = rms * np.sqrt(np.maximum(big_numel[u] / facts.bench_numel[out], 1.0))
-    tol_floor = {t: tolerance_for(t).floor for t in {tol_dtype[i] for i in out.tolist()}}
-    floors = np.maximum(floors, [tol_floor[tol_dtype[i]] for i in out.tolist()])
+    floors = np.maximum(floors, facts.floor[out])
     out_rows = out.tolist()
     for i, e in zip(out_rows, stat_errors(facts.npu_stats[out], facts.bench_stats[out],
                                           facts.bench_numel[out], floors).tolist()):
@@ -490,7 +503,6 @@ def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
     0.0225 out, where the gradient's own statistics differ by 2%). The floor is carried
     back through the call's gain (its outputs' magnitude over the input's), so both sides of
     the jump are measured on one scale; an input's error only grows by it."""
-    tol_dtype = result.columns["Tolerance Dtype"]
     bench = facts.bench_stats
     with np.errstate(invalid="ignore"):
         rms = np.abs(bench[:, 3]) / np.sqrt(np.maximum(facts.bench_numel, 1))
@@ -505,7 +517,7 @@ def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
                          & (facts.bench_numel > 0))
     if not len(ins):
         return
-    floor = np.array([tolerance_for(tol_dtype[i]).floor for i in ins.tolist()])
+    floor = facts.floor[ins]
     gain = out_scale[facts.unit[ins]] / magnitude[ins]
     small = (magnitude[ins] < floor) & (gain > 1.0)
     ins, floor, gain = ins[small], floor[small], gain[small]
@@ -519,38 +531,68 @@ def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
 
 def _units(result, errors, facts: _RowFacts):
     """Rows grouped into calls, in table order (the aligned call sequence); ``facts.unit``
-    set to each row's call."""
-    units: dict = {}
+    set to each row's call.
+
+    A row belongs to its group (``Pair.align`` "group N"), else to its NPU entry, else to
+    its bench entry; a call's fields are those of its first row, its entries the first
+    each side has. The grouping is coded in C (``codes``) and each call's numbers are
+    worked out per column (``_errors_of_calls``) before the calls are made at once: a
+    Python step per row and an attribute write per call and field were a third of the
+    diagnosis on the 100k-entry pair (bench/compare.py)."""
+    pairs, A, B = result.pairs, facts.npu_rows, facts.bench_rows
+    n = len(pairs)
+    aligns = field_of(pairs, "align")
+    npu_entry_of, bench_entry_of = field_of(A, "entry"), field_of(B, "entry")
+    kinds, align_code = codes(aligns)
+    grouped = np.flatnonzero(np.isin(align_code, [k for k, a in enumerate(kinds) if a.startswith("group")]))
+    bench_only = np.flatnonzero(~facts.has_npu)
+    keys = npu_entry_of if not len(grouped) and not len(bench_only) else list(npu_entry_of)
+    for i in bench_only.tolist():
+        keys[i] = ("bench", bench_entry_of[i])
+    for i in grouped.tolist():
+        keys[i] = aligns[i]
+    _, unit32 = codes(keys)
+    unit = facts.unit = unit32.astype(np.int64)
+    # a call's first row: where its code first appears (codes number them in that order)
+    seen = np.maximum.accumulate(unit)
+    new = np.ones(n, dtype=bool)
+    new[1:] = unit[1:] > seen[:-1]
+    first = np.flatnonzero(new)
+    m = len(first)
+    order = np.arange(n) if n == 0 or (seen == unit).all() else np.argsort(unit, kind="stable")
+    ends = np.cumsum(np.bincount(unit, minlength=m)).tolist()
+    ordered = order.tolist()
+    rows = [ordered[s:e] for s, e in zip([0] + ends[:-1], ends)]
+    first_rows = first.tolist()
+    npu_entries = list(map(npu_entry_of.__getitem__, first_rows))
+    first_bench = list(map(bench_entry_of.__getitem__, first_rows))
     npu_mod = result.npu.modules if result.npu else {}
     bench_mod = result.bench.modules if result.bench else {}
-    unit_of = []
-    directions = result.columns["Direction"]      # the table's, parsed once per entry
-    for i, p in enumerate(result.pairs):
-        a, b = p.npu, p.bench
-        if p.align.startswith("group"):
-            key = p.align
-        elif a is not None:
-            key = a.entry          # an entry name: never a group's "group N" or a tuple
-        else:
-            key = ("bench", b.entry)
-        u = units.get(key)
-        if u is None:
-            u = units[key] = CallDiag(len(units), directions[i], a.entry if a else None,
-                                      b.entry if b else None, p.align or "exact")
-            u.module = npu_mod.get(u.npu_entry) or bench_mod.get(u.bench_entry)
-        if u.npu_entry is None and a is not None:
-            u.npu_entry = a.entry
-        if u.bench_entry is None and b is not None:
-            u.bench_entry = b.entry
-        u.rows.append(i)
-        unit_of.append(u.index)
-    calls = list(units.values())
-    facts.unit = np.asarray(unit_of, np.int64)
+    modules = [npu_mod.get(a) or bench_mod.get(b) for a, b in zip(npu_entries, first_bench)] \
+        if npu_mod or bench_mod else [None] * m
+    matches = [aligns[i] or "exact" for i in first_rows]
+    directions = list(map(result.columns["Direction"].__getitem__, first_rows))
+    # the first entry each side has, where the call's first row lacks one
+    for entries, entry_of, have in ((npu_entries, npu_entry_of, facts.has_npu),
+                                    (first_bench, bench_entry_of, facts.has_bench)):
+        missing = [k for k, e in enumerate(entries) if e is None]
+        if missing:
+            present = np.flatnonzero(have & np.isin(unit, missing))
+            firsts = dict(zip(reversed(unit[present].tolist()), reversed(present.tolist())))   # the first wins
+            for k, i in firsts.items():
+                entries[k] = entry_of[i]
     if result.mode != "tensor":
-        _cancellation_floors(result, facts, len(calls), errors)
-        _gain_floors(result, facts, len(calls), errors)
-    _errors_of_calls(result, calls, facts, errors)
-    _saved_inputs(calls)
+        _cancellation_floors(result, facts, m, errors)
+        _gain_floors(result, facts, m, errors)
+    status, input_error, output_error, worst, tolerance, one_minus_cos, max_rel = \
+        _errors_of_calls(result, m, facts, errors)
+    _saved_inputs(directions, npu_entries, input_error, output_error)
+    phases, apis, exact, api_keys, normalizes = _marks(directions, npu_entries, first_bench)
+    calls = list(map(CallDiag, range(m), directions, npu_entries, first_bench, matches, rows, input_error,
+                     output_error, tolerance, repeat(None), repeat(None), worst, status, modules,
+                     one_minus_cos, max_rel, phases, repeat(None), exact, repeat(None), api_keys, repeat(None),
+                     repeat(None), repeat(False), normalizes, repeat(0.0), repeat(""), repeat(""), repeat(""),
+                     repeat(False), repeat(None), repeat(None), apis))
     _one_sided_nonfinite(result, calls, facts)
     return calls
 
@@ -595,11 +637,13 @@ def _one_sided_nonfinite(result, calls, facts: _RowFacts):
         u.nonfinite = made
 
 
-def _errors_of_calls(result, calls, facts: _RowFacts, errors):
-    """Each call's input error (its largest over what it takes), output error and the row
-    holding it (the largest over what it gives, the last such row on a tie), tolerance
-    (its outputs' loosest dtype), and its outputs' worst 1 - cosine and max relative error."""
-    cols, n = result.columns, len(calls)
+def _errors_of_calls(result, n: int, facts: _RowFacts, errors) -> tuple:
+    """Per call (``n``), as lists: its status ("unmatched" with no paired row, "not
+    compared" with no compared output, else "clean"), input error (its largest over what
+    it takes), output error and the row holding it (the largest over what it gives, the
+    last such row on a tie), tolerance (its outputs' loosest dtype), and its outputs'
+    worst 1 - cosine and max relative error (None where a call has none)."""
+    cols = result.columns
     err = np.array([np.nan if e is None else e for e in errors], dtype=np.float64)
     known = facts.paired & ~np.isnan(err)
     ins, outs = np.flatnonzero(known & (facts.part == _IN)), np.flatnonzero(known & (facts.part == _OUT))
@@ -610,68 +654,117 @@ def _errors_of_calls(result, calls, facts: _RowFacts, errors):
     at_max = outs[err[outs] == output_error[facts.unit[outs]]]
     worst = np.full(n, -1, dtype=np.int64)
     np.maximum.at(worst, facts.unit[at_max], at_max)
-    tol_dtype = cols["Tolerance Dtype"]
-    rtols = {t: (vd.TOLERANCES[t].rtol if vd.TOLERANCES.get(t) else -np.inf)
-             for t in {tol_dtype[i] for i in outs.tolist()}}
-    tolerance = _per_call(n, facts.unit[outs], np.array([rtols[tol_dtype[i]] for i in outs.tolist()]))
+    out_rows = outs.tolist()
+    rtols = np.array([vd.TOLERANCES[t].rtol if vd.TOLERANCES.get(t) else -np.inf for t in facts.tol_names]
+                     or [0.0])
+    tolerance = _per_call(n, facts.unit[outs], rtols[facts.tol_code[outs]])
     max_rel_col = cols.get("MaxRelativeErr")              # md5 mode has none
     cos_col = cols["Cosine"] if result.mode == "tensor" else None
 
-    def worst_of(col, value):        # per call, the largest ``value`` of its outputs' cells
+    def worst_of(col, value, values):   # per call, the largest ``value`` of its outputs' cells
         if col is None:
             return None
-        v = [value(_f(col[i])) for i in outs.tolist()]
-        return _per_call(n, facts.unit[outs], np.array(v, dtype=np.float64).reshape(-1)).tolist()
+        if isinstance(col, np.ndarray) and col.dtype == np.float64:
+            v = values(col[outs])
+        else:
+            cells = list(map(col.__getitem__, out_rows))
+            if set(map(type, cells)) <= {float}:       # every cell a number: at once
+                v = values(np.array(cells, dtype=np.float64))
+            else:
+                v = np.array([value(_f(c)) for c in cells], dtype=np.float64).reshape(-1)
+        return _per_call(n, facts.unit[outs], v).tolist()
     with np.errstate(invalid="ignore"):
-        one_minus_cos = worst_of(cos_col, lambda c: -np.inf if c is None or math.isnan(c) else 1 - c)
-        max_rel = worst_of(max_rel_col, lambda m: m if m is not None and math.isfinite(m) else -np.inf)
+        one_minus_cos = worst_of(cos_col, lambda c: -np.inf if c is None or math.isnan(c) else 1 - c,
+                                 lambda c: np.where(np.isnan(c), -np.inf, 1 - c))
+        max_rel = worst_of(max_rel_col, lambda m: m if m is not None and math.isfinite(m) else -np.inf,
+                           lambda m: np.where(np.isfinite(m), m, -np.inf))
     f32 = vd.TOLERANCES["float32"].rtol
-    for k, u, is_paired, i_err, has, o_err, w, tol in zip(
-            range(n), calls, paired.tolist(), input_error.tolist(), has_out.tolist(),
-            output_error.tolist(), worst.tolist(), tolerance.tolist()):
-        if not is_paired:
-            u.status = "unmatched"
-            continue
-        u.input_error = i_err if i_err != -math.inf else 0.0
-        if not has:
-            u.status = "not compared"
-            continue
-        u.output_error, u.worst_row = o_err, w
-        u.tolerance = tol if tol != -math.inf else f32
-        if one_minus_cos is not None and one_minus_cos[k] != -math.inf:
-            u.one_minus_cos = one_minus_cos[k]
-        if max_rel is not None and max_rel[k] != -math.inf:
-            u.max_rel = max_rel[k]
+    n_in = input_error.tolist()
+    compared = paired & has_out
+    status = np.where(~paired, "unmatched", np.where(has_out, "clean", "not compared")).tolist()
+    inputs = [None if not p else (e if e != -math.inf else 0.0) for p, e in zip(paired.tolist(), n_in)]
+    outputs = np.where(compared, output_error, np.nan).tolist()
+    outputs = [None if e != e else e for e in outputs]
+    worsts = [w if c else None for c, w in zip(compared.tolist(), worst.tolist())]
+    tolerances = [(t if t != -math.inf else f32) if c else UNJUDGED_TOLERANCE
+                  for c, t in zip(compared.tolist(), tolerance.tolist())]
+
+    def cells(values):
+        if values is None:
+            return [None] * n
+        return [v if c and v != -math.inf else None for c, v in zip(compared.tolist(), values)]
+    return status, inputs, outputs, worsts, tolerances, cells(one_minus_cos), cells(max_rel)
 
 
-def _saved_inputs(calls):
+def _saved_inputs(directions: list, npu_entries: list, input_error: list, output_error: list):
     """A backward call computes from what its forward call saved (inputs, weights,
-    outputs) as well as from the gradients it receives: their error is its input too."""
-    forward = {u.npu_entry: u for u in calls if u.direction == "forward" and u.npu_entry}
-    for u in calls:
-        if u.direction != "backward" or not u.npu_entry or u.input_error is None:
-            continue
-        f = forward.get(u.npu_entry[: -len("backward")] + "forward")
-        if f is not None:
-            u.input_error = max([u.input_error] + [e for e in (f.input_error, f.output_error)
-                                                   if e is not None])
+    outputs) as well as from the gradients it receives: their error is its input too.
+    (Per call, before the calls are made: ``input_error`` is updated in place.)"""
+    forward = {e: k for k, (d, e) in enumerate(zip(directions, npu_entries)) if d == "forward" and e}
+    cut = -len("backward")
+    pairs = [(k, f) for k, f in enumerate([forward.get(e[:cut] + "forward") if d == "backward" and e else None
+                                            for d, e in zip(directions, npu_entries)])
+             if f is not None and input_error[k] is not None]
+    if not pairs:
+        return
+    ks, fs = (np.array(x, dtype=np.int64) for x in zip(*pairs))
+    ins = np.array([np.nan if e is None else e for e in input_error], dtype=np.float64)
+    outs = np.array([np.nan if e is None else e for e in output_error], dtype=np.float64)
+    worst = ins[ks]
+    for other in (ins[fs], outs[fs]):      # as max() over those there: the first of equals stays
+        worst = np.where(other > worst, other, worst)
+    for k, e in zip(ks.tolist(), worst.tolist()):
+        input_error[k] = e
 
 
-def _mark(calls):
-    """Phase (optimizer calls come after the step's last backward call) and exactness."""
-    last_bwd = max((u.index for u in calls if u.direction == "backward"), default=None)
-    kinds: dict = {}        # (api, direction) -> what the API's name says, for its many calls
-    for u in calls:
-        if last_bwd is not None and u.direction == "forward" and u.index > last_bwd:
-            u.phase = "optimizer"
-        api = u.api if u.npu_entry else parse_name(u.name)
-        if api is not None:
-            key = (api.prefix, api.api, api.direction, u.direction)
-            kind = kinds.get(key)
-            if kind is None:
-                kind = kinds[key] = (api.exact if u.direction == "forward" else api.exact_backward,
-                                     api.key, api.leaf in NORMALIZING)
-            u.exact_api, u.api_key, u.normalizes = kind
+def _marks(directions: list, npu_entries: list, bench_entries: list) -> tuple:
+    """Per call (as lists): its phase ("optimizer" for forward calls after the step's last
+    backward call), its ``ApiEntry`` (``CallDiag.api``: parsed from its NPU entry; for a
+    call without one, left to be asked), whether its API is exact, its api_key and whether
+    it normalizes.
+
+    What a name says of its API is worked out once per API and direction: an API call's
+    name is ``{Prefix}.{api}.{N}.{direction}`` and its counter N says nothing of the kind,
+    so one parse serves its many calls and the others' ``ApiEntry`` is made from it (a
+    parse per call was a tenth of the diagnosis on bench/compare.py's 100k-entry pair)."""
+    m = len(directions)
+    last_bwd = next((k for k in range(m - 1, -1, -1) if directions[k] == "backward"), None)
+    phases = [""] * m
+    if last_bwd is not None:
+        for k in range(last_bwd + 1, m):
+            if directions[k] == "forward":
+                phases[k] = "optimizer"
+    apis, exact, keys, normalizes = [_UNPARSED] * m, [False] * m, [""] * m, [False] * m
+    kinds: dict = {}        # (API base, its direction, the call's) -> ((prefix, api), what it says) or (None, None)
+    for k, (npu_entry, bench_entry, call_direction) in enumerate(zip(npu_entries, bench_entries, directions)):
+        name = npu_entry or bench_entry
+        head, _, direction = name.rpartition(".") if name else ("", "", "")
+        base, _, counter = head.rpartition(".")
+        if (direction == "forward" or direction == "backward") and counter.isdigit():
+            key = (base, direction, call_direction)
+            known = kinds.get(key)
+            if known is None:
+                api = parse_name(name)
+                known = (None, None) if api is None else ((api.prefix, api.api), _kind(api, call_direction))
+                if api is None or (f"{api.prefix}.{api.api}" == base and api.index == int(counter)
+                                   and api.direction == direction and not api.io and not api.arg_path):
+                    kinds[key] = known          # (the grammar's: a name it reads otherwise is parsed each time)
+            else:
+                api = known[0] and ApiEntry(*known[0], int(counter), direction)
+            kind = known[1]
+        else:
+            api = parse_name(name or "")
+            kind = None if api is None else _kind(api, call_direction)
+        if npu_entry:
+            apis[k] = api
+        if kind is not None:
+            exact[k], keys[k], normalizes[k] = kind
+    return phases, apis, exact, keys, normalizes
+
+
+def _kind(api, direction: str) -> tuple:
+    """(exact, key, normalizes) of a call of ``api`` (an ApiEntry) in ``direction``."""
+    return (api.exact if direction == "forward" else api.exact_backward, api.key, api.leaf in NORMALIZING)
 
 
 def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | None = None,
@@ -830,6 +923,18 @@ MONOTONE = {"sqrt": ("sqrt", 1), "sqrt_": ("sqrt", 1), "rsqrt": ("rsqrt", -1), "
 _EPS = {"torch.bfloat16": 2.0 ** -8, "torch.float16": 2.0 ** -11, "torch.float32": 2.0 ** -24}
 
 
+_LEAVES: dict = {}      # api_key -> its API's leaf ("Torch.linalg.norm.forward" -> "norm")
+
+
+def _leaf(api_key: str) -> str:
+    leaf = _LEAVES.get(api_key)
+    if leaf is None:
+        leaf = api_key.rpartition(".")[0].rpartition(".")[2]
+        if len(_LEAVES) < 1 << 12:
+            _LEAVES[api_key] = leaf
+    return leaf
+
+
 def _monotone(name: str, x: float) -> float:
     f = {"sqrt": math.sqrt, "rsqrt": lambda v: 1 / math.sqrt(v), "exp": math.exp, "log": math.log,
          "tanh": math.tanh, "sigmoid": lambda v: 1 / (1 + math.exp(-v)) if v > -700 else 0.0,
@@ -843,6 +948,8 @@ def _extremes_check(result, u) -> bool | None:
     """Statistics mode: True when the NPU output's Max and Min are the API applied to its own
     input's extremes (within 4 roundings), False when not (the kernel computes something
     else), None when that cannot be checked (not a monotone elementwise call)."""
+    if not u.npu_entry or _leaf(u.api_key) not in MONOTONE:     # (asked of every call: its API's leaf first)
+        return None
     api = u.api
     if api is None or api.direction != "forward" or api.leaf not in MONOTONE:
         return None
@@ -1046,10 +1153,16 @@ def _draws(result, calls, replays) -> Draws | None:
     pairs = result.pairs
     forward = {u.npu_entry: u for u in calls if u.npu_entry and u.direction == "forward"}
     n, differ, first, unjudged = 0, 0, None, []
+    may: dict = {}          # api_key -> whether its calls can draw (most calls of a dump: no)
     for u in calls:
-        api = u.api
-        if api is None or not draws.may_draw(api):
+        if not u.npu_entry or not u.api_key:      # (no API parsed from its NPU entry: u.api is None)
             continue
+        drawing = may.get(u.api_key)
+        if drawing is None:
+            drawing = may[u.api_key] = draws.may_draw(u.api)
+        if not drawing:
+            continue
+        api = u.api
         fwd = forward.get(f"{api.base}.forward")
         fwd_rows = [pairs[i].npu for i in fwd.rows if pairs[i].npu is not None] if fwd else []
         kind = draws.draw_kind(api, fwd_rows)
@@ -1201,10 +1314,9 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
 
     ``noise``: bench entry -> run-to-run (input, output) error of that call (noise_floor).
     ``replay``: re-run calls on the NPU's inputs (default: in tensor mode)."""
-    facts = _RowFacts.of(result.pairs)
+    facts = _RowFacts.of(result)
     errors = row_errors(result, facts)
     calls = _units(result, errors, facts)
-    _mark(calls)
     low = _low_precision(result)
     _declared_precision(result, calls)
     for u in calls:
@@ -1262,7 +1374,7 @@ def noise_floor(bench_json: str, bench2_json: str, **kw) -> dict:
     from .engine import compare_dumps
     r = compare_dumps(bench2_json, bench_json, progress=False, **kw)
     out = {}
-    facts = _RowFacts.of(r.pairs)
+    facts = _RowFacts.of(r)
     for u in _units(r, row_errors(r, facts), facts):
         if u.bench_entry and u.output_error is not None:
             out[u.bench_entry] = (u.input_error or 0.0, u.output_error)
