@@ -436,9 +436,12 @@ class _RowFacts:
         same_shape = paired & np.fromiter(map(operator.eq, shape_a, shape_b), bool, n)
         taken = paired & bench_tensor
         # paired tensors only: a one-sided row's shape is never multiplied (it may not be numbers)
-        bench_numel = np.zeros(n, dtype=np.float64)
-        counted = np.flatnonzero(taken).tolist()
-        bench_numel[counted] = numels(map(shape_b.__getitem__, counted))
+        if taken.all():
+            bench_numel = _numels(shape_b)
+        else:
+            bench_numel = np.zeros(n, dtype=np.float64)
+            counted = np.flatnonzero(taken)
+            bench_numel[counted] = _numels(list(map(shape_b.__getitem__, counted.tolist())))
         npu_stats, bench_stats = stats_of(A), stats_of(B)
         part = np.where(paired & (npu_io >= _IO_CODE["output"]), _OUT,
                         np.where(paired & (npu_io >= 1), _IN, 0)).astype(np.int8)
@@ -447,6 +450,15 @@ class _RowFacts:
                    taken & (npu_io == _IO_CODE["output"]) & same_shape, same_shape, npu_stats, bench_stats,
                    np.where(taken, bench_stats[:, 3], np.nan), bench_numel, A, B, has_npu, has_bench,
                    tol_names, tol_code, floor)
+
+
+def _numels(shapes: list) -> np.ndarray:
+    """``rows.numels`` of ``shapes`` as float64, worked out per distinct shape in C (``codes``)."""
+    try:
+        distinct, code = codes(shapes)
+    except TypeError:               # a malformed (nested, unhashable) shape
+        return np.array(numels(shapes), dtype=np.float64)
+    return np.array(numels(distinct) or [0], dtype=np.float64)[code]
 
 
 def _per_call(n_calls: int, unit: np.ndarray, values: np.ndarray, empty=-np.inf) -> np.ndarray:
@@ -821,7 +833,7 @@ def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | 
         u.status = "inherits"
 
 
-def _input_rounding(result, u) -> float:
+def _input_rounding(facts: _RowFacts, n_calls: int) -> list:
     """Statistics mode: the spacing (at 1.0) of the lowest precision among the call's inputs
     held in a bf16/fp16 dtype on one side and another dtype on the other (0.0 where none).
 
@@ -832,16 +844,20 @@ def _input_rounding(result, u) -> float:
     elements than its inputs' (a GPT-2 residual add in fp16, 2.7e-3 from inputs "9e-5" apart), a
     conv's weight gradient sums products that cancel (6% from a gradient "0.2%" apart): the
     jump is measured from that rounding, as a normalizer's already is (``_amplification``)."""
-    pairs = result.pairs
-    spacing = 0.0
-    for i in u.rows:
-        a, b = pairs[i].npu, pairs[i].bench
-        if a is None or b is None or a.io not in ("input", "parameters") or a.kind != "tensor" \
-                or b.kind != "tensor" or a.dtype == b.dtype:
-            continue
+    # Per call (a list by call index), from its rows at once: a per-call walk over its rows
+    # was asked of every call whose output differs (most of a 100k-entry pair's).
+    spacing = [0.0] * n_calls
+    A, B = facts.npu_rows, facts.bench_rows
+    rows = np.flatnonzero(facts.paired & facts.npu_tensor & facts.bench_tensor
+                          & (facts.npu_io >= _IO_CODE["input"]) & (facts.npu_io <= _IO_CODE["parameters"])).tolist()
+    a_rows, b_rows = list(map(A.__getitem__, rows)), list(map(B.__getitem__, rows))
+    differ = np.flatnonzero(np.fromiter(map(operator.ne, field_of(a_rows, "dtype"), field_of(b_rows, "dtype")),
+                                        bool, len(rows))).tolist()
+    for k in differ:
+        a, b, u = a_rows[k], b_rows[k], facts.unit[rows[k]]
         for cls in (vd.dtype_class(a.dtype or ""), vd.dtype_class(b.dtype or "")):
             if cls in _LOW_PRECISION:
-                spacing = max(spacing, _SPACING[cls])
+                spacing[u] = max(spacing[u], _SPACING[cls])
     return spacing
 
 
@@ -983,11 +999,9 @@ def _stands_out(u: CallDiag) -> bool:
 def _eligible(calls):
     """API calls when the dump has them (module entries wrap them and would repeat the
     verdict one level up); modules for an L0 dump; never parameter-gradient entries."""
-    def is_module(u):
-        return u.name.startswith("Module.")
-    has_api = any(not is_module(u) for u in calls)
-    return [u for u in calls if u.direction in ("forward", "backward")
-            and (not has_api or not is_module(u))]
+    has_api = any(not u.name.startswith("Module.") for u in calls)
+    return [u for u in calls if (u.direction == "forward" or u.direction == "backward")
+            and (not has_api or not (u.npu_entry or u.bench_entry or "").startswith("Module."))]
 
 
 def _unmatched_before(seq, k):
@@ -1032,9 +1046,25 @@ def _round_fp16(x):
 _CASTS = {"torch.bfloat16": _round_bf16, "torch.float16": _round_fp16}
 
 
+_MODULE = operator.attrgetter("module")
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
 def _key_ids(table: np.ndarray) -> tuple[np.ndarray, int]:
     """Per row of ``table`` (rows x k float64), an id shared by the rows of the same bytes;
-    and how many there are."""
+    and how many there are.
+
+    The rows are told apart by a 64-bit hash of their bytes, checked: where two rows of
+    one hash differ (a collision), by their bytes themselves (sorting 200k rows of bytes
+    was a tenth of the diagnosis on bench/compare.py's 100k-entry pair)."""
+    bits = np.ascontiguousarray(table).view(np.uint64)
+    h = np.zeros(len(bits), dtype=np.uint64)
+    for column in bits.T:
+        h = (h * _FNV_PRIME) ^ column
+    uniq, first, ids = np.unique(h, return_index=True, return_inverse=True)
+    ids = ids.reshape(-1)
+    if (bits == bits[first[ids]]).all():
+        return ids, len(uniq)
     keys = np.ascontiguousarray(table).view(f"V{table.itemsize * table.shape[1]}").ravel()
     uniq, ids = np.unique(keys, return_inverse=True)
     return ids.reshape(-1), len(uniq)
@@ -1056,13 +1086,13 @@ def _state(result, calls, errors, facts: _RowFacts) -> State:
     that is not dumped (HF's softmax output ``.to(bf16)``), the same shape and the
     extremes rounded to the new dtype. The step's forward tensors are taken in call
     order at once: an input is produced when an output with its key comes before it."""
-    pairs = result.pairs
-    seq = np.fromiter(chain.from_iterable(u.rows for u in calls if u.direction == "forward"
-                                          and u.phase != "optimizer"), dtype=np.int64)
-    io = facts.npu_io[seq]
-    keep = facts.npu_tensor[seq] & (io >= _IO_CODE["input"]) & (io <= _IO_CODE["output"])
-    seq, out = seq[keep], io[keep] == _IO_CODE["output"]
-    rows = [pairs[i].npu for i in seq.tolist()]
+    forward = np.fromiter((u.direction == "forward" and u.phase != "optimizer" for u in calls), bool, len(calls))
+    io = facts.npu_io
+    seq = np.flatnonzero(forward[facts.unit] & facts.npu_tensor & (io >= _IO_CODE["input"])
+                         & (io <= _IO_CODE["output"]))
+    seq = seq[np.argsort(facts.unit[seq], kind="stable")]       # in call order (each call's rows in order)
+    out = io[seq] == _IO_CODE["output"]
+    rows = list(map(facts.npu_rows.__getitem__, seq.tolist()))
     dtypes, dtype = codes(field_of(rows, "dtype"))
     _, shape = codes(field_of(rows, "shape"))
     stats = facts.npu_stats[seq]
@@ -1085,11 +1115,11 @@ def _state(result, calls, errors, facts: _RowFacts) -> State:
         cid, n_cid = _key_ids(table)
         todo[ask] = ~_first_before(cid, n_cid, pos, src, ask)
     differ = np.flatnonzero(todo & (err > 0))
-    modules = [calls[u].module for u in facts.unit[seq[differ]].tolist()]
-    made = [OutsideInput(rows[k].name, rows[k].shape, e, m)            # in call order, then
-            for k, e, m in zip(differ.tolist(), err[differ].tolist(), modules)]
-    largest_first = np.argsort(-err[differ], kind="stable").tolist()   # largest error first
-    return State(list(map(made.__getitem__, largest_first)), int(todo.sum()))
+    differ = differ[np.argsort(-err[differ], kind="stable")]      # largest error first, then in call order
+    made = list(map(rows.__getitem__, differ.tolist()))
+    modules = list(map(_MODULE, map(calls.__getitem__, facts.unit[seq[differ]].tolist())))
+    return State(list(map(OutsideInput, field_of(made, "name"), field_of(made, "shape"), err[differ].tolist(),
+                          modules)), int(todo.sum()))
 
 
 def _drift(calls) -> Drift:
@@ -1200,7 +1230,7 @@ def _draws(result, calls, replays) -> Draws | None:
     return Draws(n, differ, first, unjudged) if n else None
 
 
-def _after_differing_paths(result, calls, drawn) -> str | None:
+def _after_differing_paths(calls, drawn, facts: _RowFacts) -> str | None:
     """Statistics mode: after the first differing draw, or the first call whose output has
     another number of elements on each side (a data-dependent path: tokens routed to other experts, a
     mask of another size), tensors that differ element by element can have much the same
@@ -1210,18 +1240,18 @@ def _after_differing_paths(result, calls, drawn) -> str | None:
     firsts = []
     if drawn is not None and drawn.differ:
         firsts.append(next(u.index for u in calls if u.npu_entry == drawn.first_differing))
-    shaped = next((u for u in calls if u.direction == "forward" and any(
-        result.pairs[i].npu is not None and result.pairs[i].bench is not None and result.pairs[i].npu.io == "output"
-        and result.pairs[i].npu.kind == "tensor" and result.pairs[i].npu.shape != result.pairs[i].bench.shape
-        and result.pairs[i].npu.numel != result.pairs[i].bench.numel
-        for i in u.rows)), None)
+    A, B = facts.npu_rows, facts.bench_rows     # (paired NPU output tensors of another shape: few)
+    other_shape = np.flatnonzero(facts.paired & facts.npu_tensor & (facts.npu_io == _IO_CODE["output"])
+                                 & ~facts.same_shape).tolist()
+    shaped = next((calls[k] for k in sorted({facts.unit[i] for i in other_shape if A[i].numel != B[i].numel})
+                   if calls[k].direction == "forward"), None)
     if shaped is not None:
         firsts.append(shaped.index)
     if not firsts:
         return None
     first = min(firsts)
-    for u in calls:   # NaN/Inf on one side only (an infinite error) convicts whatever came before
-        if u.index > first and u.status == "introduces" and u.draw is None and not u.extremes_off \
+    for u in calls[first + 1:]:   # NaN/Inf on one side only (an infinite error) convicts whatever came before
+        if u.status == "introduces" and u.draw is None and not u.extremes_off \
                 and not u.nonfinite and u.output_error is not None and math.isfinite(u.output_error):
             u.status = "can't tell"
     return shaped.npu_entry if shaped is not None and shaped.index == first else None
@@ -1334,19 +1364,19 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
         device = _device_precision(eligible)
     statistics = result.mode != "tensor"
     paths_differ = None
+    spacing = _input_rounding(facts, len(calls)) if statistics else None
     for u in calls:
         stats_only = statistics and u.local is None
         jump = STATS_JUMP if stats_only and (low or u.input_error) else JUMP
-        bound = _amplification(result, u) if stats_only and u.normalizes and u.draw is None \
-            and u.output_error is not None and u.output_error > u.threshold else None
+        beyond = stats_only and u.output_error is not None and u.output_error > u.threshold
+        bound = _amplification(result, u) if beyond and u.normalizes and u.draw is None else None
         norm = norm_check(result, u, errors, bound[0], _SPACING, STATS_JUMP) if bound is not None else None
-        rounding = _input_rounding(result, u) if stats_only and u.output_error is not None \
-            and u.output_error > u.threshold else 0.0
+        rounding = spacing[u.index] if beyond else 0.0
         _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None, bound,
                norm, rounding)
     if statistics:
         device += _stats_device_precision(eligible)
-        paths_differ = _after_differing_paths(result, calls, drawn)
+        paths_differ = _after_differing_paths(calls, drawn, facts)
     if device and result.npu is not None and result.npu.meta.math_modes:
         from probe.dump.math_modes import reduced_precision
         settings = tuple(reduced_precision(result.npu.meta.math_modes))
