@@ -1123,15 +1123,27 @@ def _state(result, calls, errors, facts: _RowFacts) -> State:
 
 
 def _drift(calls) -> Drift:
-    judged = [u for u in calls if u.output_error is not None and u.status != "not compared"]
-    fwd = [u for u in judged if u.direction == "forward" and u.phase != "optimizer"]
-    bwd = [u for u in judged if u.direction == "backward"]
-    finite = [u for u in judged if math.isfinite(u.output_error)]
-    largest = max(finite, key=lambda u: u.output_error, default=None)
-    growing = [u for u in finite if u.status == "inherits" and u.input_error]
-    fastest = max(growing, key=lambda u: u.output_error / u.input_error, default=None)
-    return Drift(fwd[-1].output_error if fwd else None, bwd[-1].output_error if bwd else None,
-                 largest, fastest)
+    forward = backward = largest = fastest = None      # (the first of equals, as max() keeps)
+    top = fast = 0.0
+    isfinite = math.isfinite
+    for u in calls:
+        e = u.output_error
+        if e is None or u.status == "not compared":
+            continue
+        if u.direction == "forward":
+            if u.phase != "optimizer":
+                forward = e
+        elif u.direction == "backward":
+            backward = e
+        if not isfinite(e):
+            continue
+        if largest is None or e > top:
+            largest, top = u, e
+        if u.status == "inherits" and u.input_error:
+            ratio = e / u.input_error
+            if fastest is None or ratio > fast:
+                fastest, fast = u, ratio
+    return Drift(forward, backward, largest, fastest)
 
 
 def _low_precision(result):
@@ -1178,27 +1190,30 @@ def _npu_entries(result, u) -> list:
     return list(dict.fromkeys(result.pairs[i].npu.entry for i in u.rows if result.pairs[i].npu is not None))
 
 
-def _draws(result, calls, replays) -> Draws | None:
+def _draws(calls, replays, facts: _RowFacts) -> Draws | None:
     """Random calls judged by their law on the NPU side's own dump (draws.py)."""
-    pairs = result.pairs
-    forward = {u.npu_entry: u for u in calls if u.npu_entry and u.direction == "forward"}
-    n, differ, first, unjudged = 0, 0, None, []
+    A = facts.npu_rows
     may: dict = {}          # api_key -> whether its calls can draw (most calls of a dump: no)
+    drawing = []
     for u in calls:
         if not u.npu_entry or not u.api_key:      # (no API parsed from its NPU entry: u.api is None)
             continue
-        drawing = may.get(u.api_key)
-        if drawing is None:
-            drawing = may[u.api_key] = draws.may_draw(u.api)
-        if not drawing:
-            continue
+        can = may.get(u.api_key)
+        if can is None:
+            can = may[u.api_key] = draws.may_draw(u.api)
+        if can:
+            drawing.append(u)
+    # a call's forward call is of its API: one that can draw too
+    forward = {u.npu_entry: u for u in drawing if u.direction == "forward"}
+    n, differ, first, unjudged = 0, 0, None, []
+    for u in drawing:
         api = u.api
         fwd = forward.get(f"{api.base}.forward")
-        fwd_rows = [pairs[i].npu for i in fwd.rows if pairs[i].npu is not None] if fwd else []
+        fwd_rows = [r for r in map(A.__getitem__, fwd.rows) if r is not None] if fwd else []
         kind = draws.draw_kind(api, fwd_rows)
         if kind is None:
             continue
-        rows = [pairs[i].npu for i in u.rows if pairs[i].npu is not None and pairs[i].npu.kind == "tensor"]
+        rows = [r for r in map(A.__getitem__, u.rows) if r is not None and r.kind == "tensor"]
         x = next((r for r in rows if r.io == "input"), None)
         y = next((r for r in rows if r.io == "output"), None)
         check = None
@@ -1286,11 +1301,15 @@ def _stats_device_precision(calls) -> list:
     one faulty call every later one differs, and would pass for the device's precision.)"""
     import statistics as st
     groups: dict = {}
+    pooled: dict = {}       # api_key -> its group's key
     for u in calls:   # the calls given (nearly) agreeing inputs: what each adds on its own
         if u.status in ("introduces", "can't tell", "clean", "inherits") and u.api_key and u.draw is None \
                 and u.output_error is not None and (u.input_error or 0.0) <= u.input_threshold:
-            api = u.api_key.rsplit(".", 1)[0].split(".", 1)[-1]
-            groups.setdefault("matrix units" if api in MATRIX_UNIT else u.api_key, []).append(u)
+            key = pooled.get(u.api_key)
+            if key is None:
+                api = u.api_key.rsplit(".", 1)[0].split(".", 1)[-1]
+                key = pooled[u.api_key] = "matrix units" if api in MATRIX_UNIT else u.api_key
+            groups.setdefault(key, []).append(u)
     found = []
     for key in sorted(groups):
         us = groups[key]
@@ -1357,7 +1376,7 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
     replays = None
     if (result.mode == "tensor" if replay is None else replay) and result.npu is not None:
         replays = Replays(result.npu.json_path)
-    drawn = _draws(result, eligible, replays)
+    drawn = _draws(eligible, replays, facts)
     device = []
     if replays is not None:
         replayed = _replay(result, eligible, replays, progress)
