@@ -599,6 +599,7 @@ def _units(result, errors, facts: _RowFacts):
     status, input_error, output_error, worst, tolerance, one_minus_cos, max_rel = \
         _errors_of_calls(result, m, facts, errors)
     _saved_inputs(directions, npu_entries, input_error, output_error)
+    input_error, output_error = ([None if e != e else e for e in x.tolist()] for x in (input_error, output_error))
     phases, apis, exact, api_keys, normalizes = _marks(directions, npu_entries, first_bench)
     calls = list(map(CallDiag, range(m), directions, npu_entries, first_bench, matches, rows, input_error,
                      output_error, tolerance, repeat(None), repeat(None), worst, status, modules,
@@ -652,7 +653,7 @@ def _one_sided_nonfinite(result, calls, facts: _RowFacts):
 def _errors_of_calls(result, n: int, facts: _RowFacts, errors) -> tuple:
     """Per call (``n``), as lists: its status ("unmatched" with no paired row, "not
     compared" with no compared output, else "clean"), input error (its largest over what
-    it takes), output error and the row holding it (the largest over what it gives, the
+    it takes), output error (these two as arrays, NaN for None) and the row holding it (the largest over what it gives, the
     last such row on a tie), tolerance (its outputs' loosest dtype), and its outputs'
     worst 1 - cosine and max relative error (None where a call has none)."""
     cols = result.columns
@@ -691,12 +692,10 @@ def _errors_of_calls(result, n: int, facts: _RowFacts, errors) -> tuple:
         max_rel = worst_of(max_rel_col, lambda m: m if m is not None and math.isfinite(m) else -np.inf,
                            lambda m: np.where(np.isfinite(m), m, -np.inf))
     f32 = vd.TOLERANCES["float32"].rtol
-    n_in = input_error.tolist()
     compared = paired & has_out
     status = np.where(~paired, "unmatched", np.where(has_out, "clean", "not compared")).tolist()
-    inputs = [None if not p else (e if e != -math.inf else 0.0) for p, e in zip(paired.tolist(), n_in)]
-    outputs = np.where(compared, output_error, np.nan).tolist()
-    outputs = [None if e != e else e for e in outputs]
+    inputs = np.where(paired, np.where(input_error == -np.inf, 0.0, input_error), np.nan)
+    outputs = np.where(compared, output_error, np.nan)
     worsts = [w if c else None for c, w in zip(compared.tolist(), worst.tolist())]
     tolerances = [(t if t != -math.inf else f32) if c else UNJUDGED_TOLERANCE
                   for c, t in zip(compared.tolist(), tolerance.tolist())]
@@ -708,25 +707,23 @@ def _errors_of_calls(result, n: int, facts: _RowFacts, errors) -> tuple:
     return status, inputs, outputs, worsts, tolerances, cells(one_minus_cos), cells(max_rel)
 
 
-def _saved_inputs(directions: list, npu_entries: list, input_error: list, output_error: list):
+def _saved_inputs(directions: list, npu_entries: list, input_error: np.ndarray, output_error: np.ndarray):
     """A backward call computes from what its forward call saved (inputs, weights,
     outputs) as well as from the gradients it receives: their error is its input too.
-    (Per call, before the calls are made: ``input_error`` is updated in place.)"""
+    (Per call, before the calls are made: ``input_error`` (NaN for None) is updated in place.)"""
     forward = {e: k for k, (d, e) in enumerate(zip(directions, npu_entries)) if d == "forward" and e}
     cut = -len("backward")
-    pairs = [(k, f) for k, f in enumerate([forward.get(e[:cut] + "forward") if d == "backward" and e else None
-                                            for d, e in zip(directions, npu_entries)])
-             if f is not None and input_error[k] is not None]
-    if not pairs:
+    links = [(k, f) for k, (d, e) in enumerate(zip(directions, npu_entries)) if d == "backward" and e
+             for f in (forward.get(e[:cut] + "forward"),) if f is not None]
+    if not links:
         return
-    ks, fs = (np.array(x, dtype=np.int64) for x in zip(*pairs))
-    ins = np.array([np.nan if e is None else e for e in input_error], dtype=np.float64)
-    outs = np.array([np.nan if e is None else e for e in output_error], dtype=np.float64)
-    worst = ins[ks]
-    for other in (ins[fs], outs[fs]):      # as max() over those there: the first of equals stays
+    ks, fs = (np.array(x, dtype=np.int64) for x in zip(*links))
+    keep = ~np.isnan(input_error[ks])
+    ks, fs = ks[keep], fs[keep]
+    worst = input_error[ks]
+    for other in (input_error[fs], output_error[fs]):      # as max() over those there: the first of equals stays
         worst = np.where(other > worst, other, worst)
-    for k, e in zip(ks.tolist(), worst.tolist()):
-        input_error[k] = e
+    input_error[ks] = worst
 
 
 def _marks(directions: list, npu_entries: list, bench_entries: list) -> tuple:
@@ -780,11 +777,13 @@ def _kind(api, direction: str) -> tuple:
 
 
 def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | None = None,
-           bound: tuple | None = None, norm: NormCheck | None = None, rounding: float = 0.0):
+           bound: tuple | None = None, norm: NormCheck | None = None, rounding: float = 0.0,
+           beyond: bool | None = None):
     """``bound``: statistics mode, a normalizer's (amplification, its input's rounding);
     ``norm``: its output Norm against its weight and bias's (normalized_norm);
     ``rounding``: statistics mode, the rounding one side's inputs carry that the other's do
-    not (``_input_rounding``): their elements differ by that much whatever their statistics say."""
+    not (``_input_rounding``): their elements differ by that much whatever their statistics say;
+    ``beyond``: whether its output error is beyond its threshold, where the caller knows."""
     if u.nonfinite and u.status not in ("unmatched", "not compared"):
         u.status = "introduces"         # NaN/Inf from finite inputs: whatever came before
         return
@@ -801,7 +800,8 @@ def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | 
         if u.local is not None and u.local.introduces and _stands_out(u):
             u.status = "introduces"     # judged on its own inputs: no partner needed
         return
-    beyond = u.output_error is not None and u.output_error > u.threshold
+    if beyond is None:
+        beyond = u.output_error is not None and u.output_error > u.threshold
     if u.local is not None:
         local = u.local.introduces and u.local.local > NOISE_FACTOR * (u.noise or 0.0) and _stands_out(u)
         u.status = "introduces" if local else ("inherits" if beyond else "clean")
@@ -1387,12 +1387,12 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
     for u in calls:
         stats_only = statistics and u.local is None
         jump = STATS_JUMP if stats_only and (low or u.input_error) else JUMP
-        beyond = stats_only and u.output_error is not None and u.output_error > u.threshold
-        bound = _amplification(result, u) if beyond and u.normalizes and u.draw is None else None
+        beyond = u.output_error is not None and u.output_error > u.threshold
+        bound = _amplification(result, u) if stats_only and beyond and u.normalizes and u.draw is None else None
         norm = norm_check(result, u, errors, bound[0], _SPACING, STATS_JUMP) if bound is not None else None
-        rounding = spacing[u.index] if beyond else 0.0
+        rounding = spacing[u.index] if stats_only and beyond else 0.0
         _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None, bound,
-               norm, rounding)
+               norm, rounding, beyond)
     if statistics:
         device += _stats_device_precision(eligible)
         paths_differ = _after_differing_paths(calls, drawn, facts)
