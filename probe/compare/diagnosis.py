@@ -416,6 +416,8 @@ class _RowFacts:
     tol_code: np.ndarray     # ... and each row's, as its index in them
     floor: np.ndarray        # each row's tolerance class's floor (tolerances.tolerance_for)
     unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # the row's call (_units)
+    err: np.ndarray = field(default_factory=lambda: np.zeros(0))   # the rows' errors as the calls read them
+                                                                   # (NaN for None), once _units set them
 
     @classmethod
     def of(cls, result) -> _RowFacts:
@@ -555,16 +557,22 @@ def _units(result, errors, facts: _RowFacts):
     n = len(pairs)
     aligns = field_of(pairs, "align")
     npu_entry_of, bench_entry_of = field_of(A, "entry"), field_of(B, "entry")
-    kinds, align_code = codes(aligns)
-    grouped = np.flatnonzero(np.isin(align_code, [k for k, a in enumerate(kinds) if a.startswith("group")]))
+    grouped = [i for i, a in enumerate(aligns) if a.startswith("group")] \
+        if any(a.startswith("group") for a in set(aligns)) else []
     bench_only = np.flatnonzero(~facts.has_npu)
-    keys = npu_entry_of if not len(grouped) and not len(bench_only) else list(npu_entry_of)
+    keys = npu_entry_of if not grouped and not len(bench_only) else list(npu_entry_of)
     for i in bench_only.tolist():
         keys[i] = ("bench", bench_entry_of[i])
-    for i in grouped.tolist():
+    for i in grouped:
         keys[i] = aligns[i]
-    _, unit32 = codes(keys)
-    unit = facts.unit = unit32.astype(np.int64)
+    # the usual table holds each call's rows together: a new call wherever the key changes,
+    # if no key comes back later (as many runs as distinct keys); else numbered in C (codes)
+    unit = np.zeros(n, dtype=np.int64)
+    if n:
+        np.cumsum(np.fromiter(map(operator.ne, keys[1:], keys[:-1]), bool, n - 1), out=unit[1:])
+    if n and int(unit[-1]) + 1 != len(set(keys)):
+        unit = codes(keys)[1].astype(np.int64)
+    facts.unit = unit
     # a call's first row: where its code first appears (codes number them in that order)
     seen = np.maximum.accumulate(unit)
     new = np.ones(n, dtype=bool)
@@ -657,7 +665,7 @@ def _errors_of_calls(result, n: int, facts: _RowFacts, errors) -> tuple:
     last such row on a tie), tolerance (its outputs' loosest dtype), and its outputs'
     worst 1 - cosine and max relative error (None where a call has none)."""
     cols = result.columns
-    err = np.array([np.nan if e is None else e for e in errors], dtype=np.float64)
+    err = facts.err = np.array([np.nan if e is None else e for e in errors], dtype=np.float64)
     known = facts.paired & ~np.isnan(err)
     ins, outs = np.flatnonzero(known & (facts.part == _IN)), np.flatnonzero(known & (facts.part == _OUT))
     paired = np.bincount(facts.unit[facts.paired], minlength=n) > 0
@@ -882,7 +890,7 @@ _BOUNDED = {"layer_norm": "spread", "group_norm": "spread", "batch_norm": "sprea
 _SPACING = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10, "float32": 2.0 ** -23, "float64": 2.0 ** -52}
 
 
-def _amplification(result, u) -> tuple | None:
+def _amplification(result, u, facts: _RowFacts) -> tuple | None:
     """Statistics mode, a forward normalizer: (how much it can amplify its input's relative
     difference, its input's rounding), from the bench side's statistics of the tensor it
     normalizes (its first input) and, for log_softmax, of its output; None otherwise.
@@ -890,13 +898,14 @@ def _amplification(result, u) -> tuple | None:
     layer/group/batch/instance norm divide by the spread: a difference relative to the
     input's magnitude comes out up to magnitude / std times larger (the spread taken over the
     whole tensor: per row or channel it can be smaller, which the jump factor covers)."""
+    if not u.npu_entry or not u.api_key.endswith(".forward") or _leaf(u.api_key) not in _BOUNDED:
+        return None                     # (its API's key first: asked of every normalizer)
     api = u.api
     if api is None or api.direction != "forward" or api.leaf not in _BOUNDED:
         return None
     kind = _BOUNDED[api.leaf]
     pairs = result.pairs
-    rows = [i for i in u.rows if pairs[i].npu is not None and pairs[i].bench is not None
-            and pairs[i].bench.kind == "tensor" and pairs[i].bench.numel]
+    rows = [i for i in u.rows if facts.paired[i] and facts.bench_tensor[i] and facts.bench_numel[i]]
     first = next((i for i in rows if pairs[i].bench.io == "input"), None)
     if first is None:
         return None
@@ -1078,7 +1087,7 @@ def _first_before(ids: np.ndarray, n_ids: int, pos: np.ndarray, src: np.ndarray,
     return first[ids[ask]] < pos[ask]
 
 
-def _state(result, calls, errors, facts: _RowFacts) -> State:
+def _state(calls, facts: _RowFacts) -> State:
     """Inputs of forward calls that no earlier call of the step produced, and that differ.
 
     A tensor's identity is not in the dump; its (dtype, shape, statistics) are, and an
@@ -1096,7 +1105,7 @@ def _state(result, calls, errors, facts: _RowFacts) -> State:
     dtypes, dtype = codes(field_of(rows, "dtype"))
     _, shape = codes(field_of(rows, "shape"))
     stats = facts.npu_stats[seq]
-    err = np.array([np.nan if e is None else e for e in map(errors.__getitem__, seq.tolist())], dtype=np.float64)
+    err = facts.err[seq]
     pos = np.arange(len(seq))
     ids, n_ids = _key_ids(np.column_stack([dtype, shape, stats]))      # (the codes as float64)
     todo = ~out & facts.paired[seq] & ~np.isnan(err)
@@ -1388,7 +1397,7 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
         stats_only = statistics and u.local is None
         jump = STATS_JUMP if stats_only and (low or u.input_error) else JUMP
         beyond = u.output_error is not None and u.output_error > u.threshold
-        bound = _amplification(result, u) if stats_only and beyond and u.normalizes and u.draw is None else None
+        bound = _amplification(result, u, facts) if stats_only and beyond and u.normalizes and u.draw is None else None
         norm = norm_check(result, u, errors, bound[0], _SPACING, STATS_JUMP) if bound is not None else None
         rounding = spacing[u.index] if stats_only and beyond else 0.0
         _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None, bound,
@@ -1412,7 +1421,7 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
     covered = coverage(result, eligible, primary.call if primary is not None else None,
                        [u for u in eligible if u.nonfinite_out])
     return Diagnosis(calls, fwd, bwd, suspects[:N_SUSPECTS], measure,
-                     inputs_differ=fwd_differ or bwd_differ, state=_state(result, calls, errors, facts),
+                     inputs_differ=fwd_differ or bwd_differ, state=_state(calls, facts),
                      drift=_drift(eligible), replayed=replayed, low_precision=low, draws=drawn, device=device,
                      paths_differ=paths_differ, coverage=covered)
 
