@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import compress, repeat
 
 import msgspec
 import numpy as np
@@ -491,7 +491,7 @@ def _cancellation_floors(result, facts: _RowFacts, n_calls: int, errors):
     has = (first < len(pairs)) & np.isfinite(big_norm)
     big_numel = np.where(has, facts.bench_numel[np.minimum(first, len(pairs) - 1)], 0.0)
     has &= big_numel > 0
-    known = np.array([e is not None for e in errors], dtype=bool)
+    known = np.fromiter(map(operator.is_not, errors, repeat(None)), bool, len(errors))
     out = np.flatnonzero(facts.out_same & known & (facts.bench_numel > 0) & has[facts.unit])
     if not len(out):
         return
@@ -521,7 +521,7 @@ def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
     with np.errstate(invalid="ignore"):
         rms = np.abs(bench[:, 3]) / np.sqrt(np.maximum(facts.bench_numel, 1))
         magnitude = np.maximum.reduce([np.abs(bench[:, 0]), np.abs(bench[:, 1]), rms])
-    known = np.array([e is not None for e in errors], dtype=bool)
+    known = np.fromiter(map(operator.is_not, errors, repeat(None)), bool, len(errors))
     finite = np.isfinite(magnitude)
     outs = np.flatnonzero(facts.out_same & finite & (facts.bench_numel > 0))
     if not len(outs):
@@ -665,7 +665,9 @@ def _errors_of_calls(result, n: int, facts: _RowFacts, errors) -> tuple:
     last such row on a tie), tolerance (its outputs' loosest dtype), and its outputs'
     worst 1 - cosine and max relative error (None where a call has none)."""
     cols = result.columns
-    err = facts.err = np.array([np.nan if e is None else e for e in errors], dtype=np.float64)
+    known = np.fromiter(map(operator.is_not, errors, repeat(None)), bool, len(errors))
+    err = facts.err = np.full(len(errors), np.nan)
+    err[known] = np.fromiter(compress(errors, known.tolist()), np.float64, int(known.sum()))
     known = facts.paired & ~np.isnan(err)
     ins, outs = np.flatnonzero(known & (facts.part == _IN)), np.flatnonzero(known & (facts.part == _OUT))
     paired = np.bincount(facts.unit[facts.paired], minlength=n) > 0
