@@ -753,32 +753,39 @@ def _marks(directions: list, npu_entries: list, bench_entries: list) -> tuple:
         for k in range(last_bwd + 1, m):
             if directions[k] == "forward":
                 phases[k] = "optimizer"
-    apis, exact, keys, normalizes = [_UNPARSED] * m, [False] * m, [""] * m, [False] * m
-    kinds: dict = {}        # (API base, its direction, the call's) -> ((prefix, api), what it says) or (None, None)
+    apis = [_UNPARSED] * m
+    kinds = [_NO_KIND] * m
+    known: dict = {}        # (API base, its direction, the call's) -> (prefix, api, what it says), or None
     for k, (npu_entry, bench_entry, call_direction) in enumerate(zip(npu_entries, bench_entries, directions)):
         name = npu_entry or bench_entry
-        head, _, direction = name.rpartition(".") if name else ("", "", "")
-        base, _, counter = head.rpartition(".")
-        if (direction == "forward" or direction == "backward") and counter.isdigit():
+        parts = name.rsplit(".", 2) if name else ()
+        if len(parts) == 3 and (parts[2] == "forward" or parts[2] == "backward") and parts[1].isdigit():
+            base, counter, direction = parts
             key = (base, direction, call_direction)
-            known = kinds.get(key)
-            if known is None:
+            got = known.get(key, _UNPARSED)
+            if got is _UNPARSED:
                 api = parse_name(name)
-                known = (None, None) if api is None else ((api.prefix, api.api), _kind(api, call_direction))
+                got = None if api is None else (api.prefix, api.api, _kind(api, call_direction))
                 if api is None or (f"{api.prefix}.{api.api}" == base and api.index == int(counter)
                                    and api.direction == direction and not api.io and not api.arg_path):
-                    kinds[key] = known          # (the grammar's: a name it reads otherwise is parsed each time)
+                    known[key] = got          # (the grammar's: a name it reads otherwise is parsed each time)
+            elif got is not None:
+                api = ApiEntry(got[0], got[1], int(counter), direction)
             else:
-                api = known[0] and ApiEntry(*known[0], int(counter), direction)
-            kind = known[1]
+                api = None
+            if got is not None:
+                kinds[k] = got[2]
         else:
             api = parse_name(name or "")
-            kind = None if api is None else _kind(api, call_direction)
+            if api is not None:
+                kinds[k] = _kind(api, call_direction)
         if npu_entry:
             apis[k] = api
-        if kind is not None:
-            exact[k], keys[k], normalizes[k] = kind
+    exact, keys, normalizes = (list(x) for x in zip(*kinds)) if m else ([], [], [])
     return phases, apis, exact, keys, normalizes
+
+
+_NO_KIND = (False, "", False)     # (exact, api_key, normalizes) of a call whose name says no API
 
 
 def _kind(api, direction: str) -> tuple:
