@@ -381,7 +381,10 @@ def row_errors(result, facts: _RowFacts) -> list:
         error = np.fromiter(map(operator.eq, map(verdicts.__getitem__, left.tolist()), repeat("error")),
                             bool, len(left))
         err[left[one_sided & error]] = math.inf
-    return [None if e != e else e for e in err.tolist()]
+    out = err.tolist()
+    for i in np.flatnonzero(np.isnan(err)).tolist():
+        out[i] = None
+    return out
 
 
 _IN, _OUT = 1, 2        # a row's part as the diagnosis reads it: what a call takes, what it gives
@@ -500,10 +503,10 @@ def _cancellation_floors(result, facts: _RowFacts, n_calls: int, errors):
     floors = rms * np.sqrt(np.maximum(big_numel[u] / facts.bench_numel[out], 1.0))
     floors = np.maximum(floors, facts.floor[out])
     out_rows = out.tolist()
-    for i, e in zip(out_rows, stat_errors(facts.npu_stats[out], facts.bench_stats[out],
-                                          facts.bench_numel[out], floors).tolist()):
-        if not math.isnan(e) and e < errors[i]:
-            errors[i] = e
+    new = stat_errors(facts.npu_stats[out], facts.bench_stats[out], facts.bench_numel[out], floors)
+    lower = new < np.fromiter(map(errors.__getitem__, out_rows), np.float64, len(out_rows))   # (NaN: never)
+    for i, e in zip(out[lower].tolist(), new[lower].tolist()):
+        errors[i] = e
 
 
 def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
@@ -537,10 +540,10 @@ def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
     ins, floor, gain = ins[small], floor[small], gain[small]
     if not len(ins):
         return
-    for i, e in zip(ins.tolist(), stat_errors(facts.npu_stats[ins], bench[ins], facts.bench_numel[ins],
-                                              floor / gain).tolist()):
-        if not math.isnan(e) and e > errors[i]:
-            errors[i] = e
+    new = stat_errors(facts.npu_stats[ins], bench[ins], facts.bench_numel[ins], floor / gain)
+    higher = new > np.fromiter(map(errors.__getitem__, ins.tolist()), np.float64, len(ins))   # (NaN: never)
+    for i, e in zip(ins[higher].tolist(), new[higher].tolist()):
+        errors[i] = e
 
 
 def _units(result, errors, facts: _RowFacts):
