@@ -761,7 +761,7 @@ def _marks(directions: list, npu_entries: list, bench_entries: list) -> tuple:
     known: dict = {}        # (API base, its direction, the call's) -> (prefix, api, what it says), or None
     for k, (npu_entry, bench_entry, call_direction) in enumerate(zip(npu_entries, bench_entries, directions)):
         name = npu_entry or bench_entry
-        parts = name.rsplit(".", 2) if name else ()
+        parts = name.rsplit(".", 2) if name else []
         if len(parts) == 3 and (parts[2] == "forward" or parts[2] == "backward") and parts[1].isdigit():
             base, counter, direction = parts
             key = (base, direction, call_direction)
@@ -1404,7 +1404,7 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
         device = _device_precision(eligible)
     statistics = result.mode != "tensor"
     paths_differ = None
-    spacing = _input_rounding(facts, len(calls)) if statistics else None
+    spacing = _input_rounding(facts, len(calls)) if statistics else []
     for u in calls:
         stats_only = statistics and u.local is None
         jump = STATS_JUMP if stats_only and (low or u.input_error) else JUMP
