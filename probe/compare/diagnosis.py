@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import compress, repeat
 
 import msgspec
 import numpy as np
@@ -49,7 +49,7 @@ from .draws import DrawCheck
 from .local_error import LocalError, Replays
 from .normalized_norm import NormCheck, norm_check
 from .rows import field_of, numels, stats_of
-from probe.precheck.entries import DROPOUT_ARGS, parse_name
+from probe.precheck.entries import DROPOUT_ARGS, ApiEntry, parse_name
 from probe.python_compat import SLOTS
 from probe.tolerances import tolerance_for
 
@@ -84,6 +84,7 @@ _CONVS = frozenset(a for a in MATRIX_UNIT if a.startswith("conv"))
 
 
 _UNPARSED = object()
+UNJUDGED_TOLERANCE = 1e-4     # a call's tolerance until its outputs are compared
 
 
 class CallDiag(msgspec.Struct, gc=False):
@@ -100,7 +101,7 @@ class CallDiag(msgspec.Struct, gc=False):
     rows: list = []                                # row indices in the result table
     input_error: float | None = None
     output_error: float | None = None
-    tolerance: float = 1e-4
+    tolerance: float = UNJUDGED_TOLERANCE
     noise: float | None = None                     # run-to-run output error (bench vs bench2)
     noise_in: float | None = None                  # ... and input error
     worst_row: int | None = None                    # the output row with the largest error
@@ -347,10 +348,12 @@ def row_errors(result, facts: _RowFacts) -> list:
     row at a time."""
     cols, mode = result.columns, result.mode
     err = np.full(result.n_rows, np.nan)
-    tol_dtype, verdicts = cols["Tolerance Dtype"], cols["Result"]
+    verdicts = cols["Result"]
     both = facts.npu_tensor & facts.bench_tensor
-    exact = both & (np.array(tol_dtype, dtype=object) == "exact")
-    err[exact] = np.where(np.array(verdicts, dtype=object)[exact] == "pass", 0.0, 1.0)
+    exact = both & (facts.tol_code == facts.tol_names.index("exact")) if "exact" in facts.tol_names \
+        else np.zeros(len(err), dtype=bool)
+    if exact.any():
+        err[exact] = np.where(np.array(verdicts, dtype=object)[exact] == "pass", 0.0, 1.0)
     rest = both & ~exact
     if mode == "statistics":
         by_stats = rest & facts.same_shape
@@ -367,19 +370,21 @@ def row_errors(result, facts: _RowFacts) -> list:
                 by_stats[i] = True
     rows = np.flatnonzero(by_stats)
     if len(rows):
-        floors: dict = {}
-        floor = np.array([floors.get(t) or floors.setdefault(t, tolerance_for(t).floor)
-                          for t in map(tol_dtype.__getitem__, rows.tolist())])
-        err[rows] = stat_errors(facts.npu_stats[rows], facts.bench_stats[rows], facts.bench_numel[rows], floor)
+        err[rows] = stat_errors(facts.npu_stats[rows], facts.bench_stats[rows], facts.bench_numel[rows],
+                                facts.floor[rows])
     # NaN/Inf on one side only: an infinite error (a shape or dtype mismatch with finite
     # numbers is not measured, nor is a NaN both sides hold, nor an error of inf / inf
     # where both sides' norms overflow and their statistics are alike non-finite)
     left = np.flatnonzero(rest & np.isnan(err))
     if len(left):
         one_sided = (np.isfinite(facts.npu_stats[left]) != np.isfinite(facts.bench_stats[left])).any(axis=1)
-        error = np.array([verdicts[i] == "error" for i in left.tolist()], dtype=bool)
+        error = np.fromiter(map(operator.eq, map(verdicts.__getitem__, left.tolist()), repeat("error")),
+                            bool, len(left))
         err[left[one_sided & error]] = math.inf
-    return [None if e != e else e for e in err.tolist()]
+    out = err.tolist()
+    for i in np.flatnonzero(np.isnan(err)).tolist():
+        out[i] = None
+    return out
 
 
 _IN, _OUT = 1, 2        # a row's part as the diagnosis reads it: what a call takes, what it gives
@@ -406,11 +411,23 @@ class _RowFacts:
     bench_stats: np.ndarray
     bench_norm: np.ndarray   # the paired bench tensor's Norm, else NaN
     bench_numel: np.ndarray  # the paired bench tensor's elements, else 0
+    npu_rows: list           # per row the NPU side's Row (None where it has none)
+    bench_rows: list
+    has_npu: np.ndarray      # the NPU side holds the row
+    has_bench: np.ndarray
+    tol_names: list          # the tolerance classes (the "Tolerance Dtype" column's values) ...
+    tol_code: np.ndarray     # ... and each row's, as its index in them
+    floor: np.ndarray        # each row's tolerance class's floor (tolerances.tolerance_for)
     unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # the row's call (_units)
+    err: np.ndarray = field(default_factory=lambda: np.zeros(0))   # the rows' errors as the calls read them
+                                                                   # (NaN for None), once _units set them
 
     @classmethod
-    def of(cls, pairs) -> _RowFacts:
+    def of(cls, result) -> _RowFacts:
+        pairs = result.pairs
         n = len(pairs)
+        tol_names, tol_code = codes(list(result.columns["Tolerance Dtype"]))
+        floor = np.array([tolerance_for(t).floor for t in tol_names] or [0.0])[tol_code]
         A, B = [p.npu for p in pairs], [p.bench for p in pairs]
         kind_a, kind_b = field_of(A, "kind"), field_of(B, "kind")
         shape_a, shape_b = field_of(A, "shape"), field_of(B, "shape")
@@ -418,21 +435,35 @@ class _RowFacts:
         bench_tensor = np.fromiter(map(operator.eq, kind_b, repeat("tensor")), bool, n)
         npu_io = np.fromiter(map(_IO_CODE.get, field_of(A, "io"), repeat(0)), np.int8, n)
         bench_io = np.fromiter(map(_IO_CODE.get, field_of(B, "io"), repeat(0)), np.int8, n)
-        paired = np.fromiter(map(operator.is_not, A, repeat(None)), bool, n) & \
-            np.fromiter(map(operator.is_not, B, repeat(None)), bool, n)
+        has_npu = np.fromiter(map(operator.is_not, A, repeat(None)), bool, n)
+        has_bench = np.fromiter(map(operator.is_not, B, repeat(None)), bool, n)
+        paired = has_npu & has_bench
         same_shape = paired & np.fromiter(map(operator.eq, shape_a, shape_b), bool, n)
         taken = paired & bench_tensor
         # paired tensors only: a one-sided row's shape is never multiplied (it may not be numbers)
-        bench_numel = np.zeros(n, dtype=np.float64)
-        counted = np.flatnonzero(taken).tolist()
-        bench_numel[counted] = numels(map(shape_b.__getitem__, counted))
+        if taken.all():
+            bench_numel = _numels(shape_b)
+        else:
+            bench_numel = np.zeros(n, dtype=np.float64)
+            counted = np.flatnonzero(taken)
+            bench_numel[counted] = _numels(list(map(shape_b.__getitem__, counted.tolist())))
         npu_stats, bench_stats = stats_of(A), stats_of(B)
         part = np.where(paired & (npu_io >= _IO_CODE["output"]), _OUT,
                         np.where(paired & (npu_io >= 1), _IN, 0)).astype(np.int8)
         return cls(npu_tensor, bench_tensor, npu_io, paired, part,
                    taken & (bench_io >= 1) & (bench_io <= _IO_CODE["parameters"]),
                    taken & (npu_io == _IO_CODE["output"]) & same_shape, same_shape, npu_stats, bench_stats,
-                   np.where(taken, bench_stats[:, 3], np.nan), bench_numel)
+                   np.where(taken, bench_stats[:, 3], np.nan), bench_numel, A, B, has_npu, has_bench,
+                   tol_names, tol_code, floor)
+
+
+def _numels(shapes: list) -> np.ndarray:
+    """``rows.numels`` of ``shapes`` as float64, worked out per distinct shape in C (``codes``)."""
+    try:
+        distinct, code = codes(shapes)
+    except TypeError:               # a malformed (nested, unhashable) shape
+        return np.array(numels(shapes), dtype=np.float64)
+    return np.array(numels(distinct) or [0], dtype=np.float64)[code]
 
 
 def _per_call(n_calls: int, unit: np.ndarray, values: np.ndarray, empty=-np.inf) -> np.ndarray:
@@ -451,7 +482,7 @@ def _cancellation_floors(result, facts: _RowFacts, n_calls: int, errors):
     which relative to its own tiny magnitude looks like a 100% error. Judged against the
     magnitude the sum would have without cancellation, sqrt(N) x RMS of the largest input
     (N = its elements per output element), that noise is the dtype's rounding again."""
-    pairs, tol_dtype = result.pairs, result.columns["Tolerance Dtype"]
+    pairs = result.pairs
     with np.errstate(invalid="ignore"):
         taken = facts.paired & facts.bench_in & (facts.bench_norm > -1.0)
     rows = np.flatnonzero(taken)
@@ -463,20 +494,19 @@ def _cancellation_floors(result, facts: _RowFacts, n_calls: int, errors):
     has = (first < len(pairs)) & np.isfinite(big_norm)
     big_numel = np.where(has, facts.bench_numel[np.minimum(first, len(pairs) - 1)], 0.0)
     has &= big_numel > 0
-    known = np.array([e is not None for e in errors], dtype=bool)
+    known = np.fromiter(map(operator.is_not, errors, repeat(None)), bool, len(errors))
     out = np.flatnonzero(facts.out_same & known & (facts.bench_numel > 0) & has[facts.unit])
     if not len(out):
         return
     u = facts.unit[out]
     rms = big_norm[u] / np.sqrt(big_numel[u])
     floors = rms * np.sqrt(np.maximum(big_numel[u] / facts.bench_numel[out], 1.0))
-    tol_floor = {t: tolerance_for(t).floor for t in {tol_dtype[i] for i in out.tolist()}}
-    floors = np.maximum(floors, [tol_floor[tol_dtype[i]] for i in out.tolist()])
+    floors = np.maximum(floors, facts.floor[out])
     out_rows = out.tolist()
-    for i, e in zip(out_rows, stat_errors(facts.npu_stats[out], facts.bench_stats[out],
-                                          facts.bench_numel[out], floors).tolist()):
-        if not math.isnan(e) and e < errors[i]:
-            errors[i] = e
+    new = stat_errors(facts.npu_stats[out], facts.bench_stats[out], facts.bench_numel[out], floors)
+    lower = new < np.fromiter(map(errors.__getitem__, out_rows), np.float64, len(out_rows))   # (NaN: never)
+    for i, e in zip(out[lower].tolist(), new[lower].tolist()):
+        errors[i] = e
 
 
 def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
@@ -490,12 +520,11 @@ def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
     0.0225 out, where the gradient's own statistics differ by 2%). The floor is carried
     back through the call's gain (its outputs' magnitude over the input's), so both sides of
     the jump are measured on one scale; an input's error only grows by it."""
-    tol_dtype = result.columns["Tolerance Dtype"]
     bench = facts.bench_stats
     with np.errstate(invalid="ignore"):
         rms = np.abs(bench[:, 3]) / np.sqrt(np.maximum(facts.bench_numel, 1))
         magnitude = np.maximum.reduce([np.abs(bench[:, 0]), np.abs(bench[:, 1]), rms])
-    known = np.array([e is not None for e in errors], dtype=bool)
+    known = np.fromiter(map(operator.is_not, errors, repeat(None)), bool, len(errors))
     finite = np.isfinite(magnitude)
     outs = np.flatnonzero(facts.out_same & finite & (facts.bench_numel > 0))
     if not len(outs):
@@ -505,52 +534,89 @@ def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
                          & (facts.bench_numel > 0))
     if not len(ins):
         return
-    floor = np.array([tolerance_for(tol_dtype[i]).floor for i in ins.tolist()])
+    floor = facts.floor[ins]
     gain = out_scale[facts.unit[ins]] / magnitude[ins]
     small = (magnitude[ins] < floor) & (gain > 1.0)
     ins, floor, gain = ins[small], floor[small], gain[small]
     if not len(ins):
         return
-    for i, e in zip(ins.tolist(), stat_errors(facts.npu_stats[ins], bench[ins], facts.bench_numel[ins],
-                                              floor / gain).tolist()):
-        if not math.isnan(e) and e > errors[i]:
-            errors[i] = e
+    new = stat_errors(facts.npu_stats[ins], bench[ins], facts.bench_numel[ins], floor / gain)
+    higher = new > np.fromiter(map(errors.__getitem__, ins.tolist()), np.float64, len(ins))   # (NaN: never)
+    for i, e in zip(ins[higher].tolist(), new[higher].tolist()):
+        errors[i] = e
 
 
 def _units(result, errors, facts: _RowFacts):
     """Rows grouped into calls, in table order (the aligned call sequence); ``facts.unit``
-    set to each row's call."""
-    units: dict = {}
+    set to each row's call.
+
+    A row belongs to its group (``Pair.align`` "group N"), else to its NPU entry, else to
+    its bench entry; a call's fields are those of its first row, its entries the first
+    each side has. The grouping is coded in C (``codes``) and each call's numbers are
+    worked out per column (``_errors_of_calls``) before the calls are made at once: a
+    Python step per row and an attribute write per call and field were a third of the
+    diagnosis on the 100k-entry pair (bench/compare.py)."""
+    pairs, A, B = result.pairs, facts.npu_rows, facts.bench_rows
+    n = len(pairs)
+    aligns = field_of(pairs, "align")
+    npu_entry_of, bench_entry_of = field_of(A, "entry"), field_of(B, "entry")
+    grouped = [i for i, a in enumerate(aligns) if a.startswith("group")] \
+        if any(a.startswith("group") for a in set(aligns)) else []
+    bench_only = np.flatnonzero(~facts.has_npu)
+    keys = npu_entry_of if not grouped and not len(bench_only) else list(npu_entry_of)
+    for i in bench_only.tolist():
+        keys[i] = ("bench", bench_entry_of[i])
+    for i in grouped:
+        keys[i] = aligns[i]
+    # the usual table holds each call's rows together: a new call wherever the key changes,
+    # if no key comes back later (as many runs as distinct keys); else numbered in C (codes)
+    unit = np.zeros(n, dtype=np.int64)
+    if n:
+        np.cumsum(np.fromiter(map(operator.ne, keys[1:], keys[:-1]), bool, n - 1), out=unit[1:])
+    if n and int(unit[-1]) + 1 != len(set(keys)):
+        unit = codes(keys)[1].astype(np.int64)
+    facts.unit = unit
+    # a call's first row: where its code first appears (codes number them in that order)
+    seen = np.maximum.accumulate(unit)
+    new = np.ones(n, dtype=bool)
+    new[1:] = unit[1:] > seen[:-1]
+    first = np.flatnonzero(new)
+    m = len(first)
+    order = np.arange(n) if n == 0 or (seen == unit).all() else np.argsort(unit, kind="stable")
+    ends = np.cumsum(np.bincount(unit, minlength=m)).tolist()
+    ordered = order.tolist()
+    rows = [ordered[s:e] for s, e in zip([0] + ends[:-1], ends)]
+    first_rows = first.tolist()
+    npu_entries = list(map(npu_entry_of.__getitem__, first_rows))
+    first_bench = list(map(bench_entry_of.__getitem__, first_rows))
     npu_mod = result.npu.modules if result.npu else {}
     bench_mod = result.bench.modules if result.bench else {}
-    unit_of = []
-    directions = result.columns["Direction"]      # the table's, parsed once per entry
-    for i, p in enumerate(result.pairs):
-        a, b = p.npu, p.bench
-        if p.align.startswith("group"):
-            key = p.align
-        elif a is not None:
-            key = a.entry          # an entry name: never a group's "group N" or a tuple
-        else:
-            key = ("bench", b.entry)
-        u = units.get(key)
-        if u is None:
-            u = units[key] = CallDiag(len(units), directions[i], a.entry if a else None,
-                                      b.entry if b else None, p.align or "exact")
-            u.module = npu_mod.get(u.npu_entry) or bench_mod.get(u.bench_entry)
-        if u.npu_entry is None and a is not None:
-            u.npu_entry = a.entry
-        if u.bench_entry is None and b is not None:
-            u.bench_entry = b.entry
-        u.rows.append(i)
-        unit_of.append(u.index)
-    calls = list(units.values())
-    facts.unit = np.asarray(unit_of, np.int64)
+    modules = [npu_mod.get(a) or bench_mod.get(b) for a, b in zip(npu_entries, first_bench)] \
+        if npu_mod or bench_mod else [None] * m
+    matches = [aligns[i] or "exact" for i in first_rows]
+    directions = list(map(result.columns["Direction"].__getitem__, first_rows))
+    # the first entry each side has, where the call's first row lacks one
+    for entries, entry_of, have in ((npu_entries, npu_entry_of, facts.has_npu),
+                                    (first_bench, bench_entry_of, facts.has_bench)):
+        missing = [k for k, e in enumerate(entries) if e is None]
+        if missing:
+            present = np.flatnonzero(have & np.isin(unit, missing))
+            firsts = dict(zip(reversed(unit[present].tolist()), reversed(present.tolist())))   # the first wins
+            for k, i in firsts.items():
+                entries[k] = entry_of[i]
     if result.mode != "tensor":
-        _cancellation_floors(result, facts, len(calls), errors)
-        _gain_floors(result, facts, len(calls), errors)
-    _errors_of_calls(result, calls, facts, errors)
-    _saved_inputs(calls)
+        _cancellation_floors(result, facts, m, errors)
+        _gain_floors(result, facts, m, errors)
+    status, input_error, output_error, worst, tolerance, one_minus_cos, max_rel = \
+        _errors_of_calls(result, m, facts, errors)
+    _saved_inputs(directions, npu_entries, input_error, output_error)
+    input_error, output_error = ([None if e != e else e for e in x.tolist()] for x in (input_error, output_error))
+    phases, apis, exact, api_keys, normalizes = _marks(directions, npu_entries, first_bench)
+    calls = list(map(CallDiag, range(m), directions, npu_entries, first_bench, matches, rows, input_error,
+                     output_error, tolerance, repeat(None), repeat(None), worst, status, modules,
+                     one_minus_cos, max_rel, phases, repeat(None), exact, repeat(None), api_keys, repeat(None),
+                     repeat(None), repeat(False), normalizes, repeat(0.0), repeat(""), repeat(""), repeat(""),
+                     repeat(False), repeat(None), repeat(None), apis))
     _one_sided_nonfinite(result, calls, facts)
     return calls
 
@@ -595,12 +661,16 @@ def _one_sided_nonfinite(result, calls, facts: _RowFacts):
         u.nonfinite = made
 
 
-def _errors_of_calls(result, calls, facts: _RowFacts, errors):
-    """Each call's input error (its largest over what it takes), output error and the row
-    holding it (the largest over what it gives, the last such row on a tie), tolerance
-    (its outputs' loosest dtype), and its outputs' worst 1 - cosine and max relative error."""
-    cols, n = result.columns, len(calls)
-    err = np.array([np.nan if e is None else e for e in errors], dtype=np.float64)
+def _errors_of_calls(result, n: int, facts: _RowFacts, errors) -> tuple:
+    """Per call (``n``), as lists: its status ("unmatched" with no paired row, "not
+    compared" with no compared output, else "clean"), input error (its largest over what
+    it takes), output error (these two as arrays, NaN for None) and the row holding it (the largest over what it gives, the
+    last such row on a tie), tolerance (its outputs' loosest dtype), and its outputs'
+    worst 1 - cosine and max relative error (None where a call has none)."""
+    cols = result.columns
+    known = np.fromiter(map(operator.is_not, errors, repeat(None)), bool, len(errors))
+    err = facts.err = np.full(len(errors), np.nan)
+    err[known] = np.fromiter(compress(errors, known.tolist()), np.float64, int(known.sum()))
     known = facts.paired & ~np.isnan(err)
     ins, outs = np.flatnonzero(known & (facts.part == _IN)), np.flatnonzero(known & (facts.part == _OUT))
     paired = np.bincount(facts.unit[facts.paired], minlength=n) > 0
@@ -610,76 +680,130 @@ def _errors_of_calls(result, calls, facts: _RowFacts, errors):
     at_max = outs[err[outs] == output_error[facts.unit[outs]]]
     worst = np.full(n, -1, dtype=np.int64)
     np.maximum.at(worst, facts.unit[at_max], at_max)
-    tol_dtype = cols["Tolerance Dtype"]
-    rtols = {t: (vd.TOLERANCES[t].rtol if vd.TOLERANCES.get(t) else -np.inf)
-             for t in {tol_dtype[i] for i in outs.tolist()}}
-    tolerance = _per_call(n, facts.unit[outs], np.array([rtols[tol_dtype[i]] for i in outs.tolist()]))
+    out_rows = outs.tolist()
+    rtols = np.array([vd.TOLERANCES[t].rtol if vd.TOLERANCES.get(t) else -np.inf for t in facts.tol_names]
+                     or [0.0])
+    tolerance = _per_call(n, facts.unit[outs], rtols[facts.tol_code[outs]])
     max_rel_col = cols.get("MaxRelativeErr")              # md5 mode has none
     cos_col = cols["Cosine"] if result.mode == "tensor" else None
 
-    def worst_of(col, value):        # per call, the largest ``value`` of its outputs' cells
+    def worst_of(col, value, values):   # per call, the largest ``value`` of its outputs' cells
         if col is None:
             return None
-        v = [value(_f(col[i])) for i in outs.tolist()]
-        return _per_call(n, facts.unit[outs], np.array(v, dtype=np.float64).reshape(-1)).tolist()
+        if isinstance(col, np.ndarray) and col.dtype == np.float64:
+            v = values(col[outs])
+        else:
+            cells = list(map(col.__getitem__, out_rows))
+            if set(map(type, cells)) <= {float}:       # every cell a number: at once
+                v = values(np.array(cells, dtype=np.float64))
+            else:
+                v = np.array([value(_f(c)) for c in cells], dtype=np.float64).reshape(-1)
+        return _per_call(n, facts.unit[outs], v).tolist()
     with np.errstate(invalid="ignore"):
-        one_minus_cos = worst_of(cos_col, lambda c: -np.inf if c is None or math.isnan(c) else 1 - c)
-        max_rel = worst_of(max_rel_col, lambda m: m if m is not None and math.isfinite(m) else -np.inf)
+        one_minus_cos = worst_of(cos_col, lambda c: -np.inf if c is None or math.isnan(c) else 1 - c,
+                                 lambda c: np.where(np.isnan(c), -np.inf, 1 - c))
+        max_rel = worst_of(max_rel_col, lambda m: m if m is not None and math.isfinite(m) else -np.inf,
+                           lambda m: np.where(np.isfinite(m), m, -np.inf))
     f32 = vd.TOLERANCES["float32"].rtol
-    for k, u, is_paired, i_err, has, o_err, w, tol in zip(
-            range(n), calls, paired.tolist(), input_error.tolist(), has_out.tolist(),
-            output_error.tolist(), worst.tolist(), tolerance.tolist()):
-        if not is_paired:
-            u.status = "unmatched"
-            continue
-        u.input_error = i_err if i_err != -math.inf else 0.0
-        if not has:
-            u.status = "not compared"
-            continue
-        u.output_error, u.worst_row = o_err, w
-        u.tolerance = tol if tol != -math.inf else f32
-        if one_minus_cos is not None and one_minus_cos[k] != -math.inf:
-            u.one_minus_cos = one_minus_cos[k]
-        if max_rel is not None and max_rel[k] != -math.inf:
-            u.max_rel = max_rel[k]
+    compared = paired & has_out
+    status = np.where(~paired, "unmatched", np.where(has_out, "clean", "not compared")).tolist()
+    inputs = np.where(paired, np.where(input_error == -np.inf, 0.0, input_error), np.nan)
+    outputs = np.where(compared, output_error, np.nan)
+    worsts = [w if c else None for c, w in zip(compared.tolist(), worst.tolist())]
+    tolerances = [(t if t != -math.inf else f32) if c else UNJUDGED_TOLERANCE
+                  for c, t in zip(compared.tolist(), tolerance.tolist())]
+
+    def cells(values):
+        if values is None:
+            return [None] * n
+        return [v if c and v != -math.inf else None for c, v in zip(compared.tolist(), values)]
+    return status, inputs, outputs, worsts, tolerances, cells(one_minus_cos), cells(max_rel)
 
 
-def _saved_inputs(calls):
+def _saved_inputs(directions: list, npu_entries: list, input_error: np.ndarray, output_error: np.ndarray):
     """A backward call computes from what its forward call saved (inputs, weights,
-    outputs) as well as from the gradients it receives: their error is its input too."""
-    forward = {u.npu_entry: u for u in calls if u.direction == "forward" and u.npu_entry}
-    for u in calls:
-        if u.direction != "backward" or not u.npu_entry or u.input_error is None:
-            continue
-        f = forward.get(u.npu_entry[: -len("backward")] + "forward")
-        if f is not None:
-            u.input_error = max([u.input_error] + [e for e in (f.input_error, f.output_error)
-                                                   if e is not None])
+    outputs) as well as from the gradients it receives: their error is its input too.
+    (Per call, before the calls are made: ``input_error`` (NaN for None) is updated in place.)"""
+    forward = {e: k for k, (d, e) in enumerate(zip(directions, npu_entries)) if d == "forward" and e}
+    cut = -len("backward")
+    links = [(k, f) for k, (d, e) in enumerate(zip(directions, npu_entries)) if d == "backward" and e
+             for f in (forward.get(e[:cut] + "forward"),) if f is not None]
+    if not links:
+        return
+    ks, fs = (np.array(x, dtype=np.int64) for x in zip(*links))
+    keep = ~np.isnan(input_error[ks])
+    ks, fs = ks[keep], fs[keep]
+    worst = input_error[ks]
+    for other in (input_error[fs], output_error[fs]):      # as max() over those there: the first of equals stays
+        worst = np.where(other > worst, other, worst)
+    input_error[ks] = worst
 
 
-def _mark(calls):
-    """Phase (optimizer calls come after the step's last backward call) and exactness."""
-    last_bwd = max((u.index for u in calls if u.direction == "backward"), default=None)
-    kinds: dict = {}        # (api, direction) -> what the API's name says, for its many calls
-    for u in calls:
-        if last_bwd is not None and u.direction == "forward" and u.index > last_bwd:
-            u.phase = "optimizer"
-        api = u.api if u.npu_entry else parse_name(u.name)
-        if api is not None:
-            key = (api.prefix, api.api, api.direction, u.direction)
-            kind = kinds.get(key)
-            if kind is None:
-                kind = kinds[key] = (api.exact if u.direction == "forward" else api.exact_backward,
-                                     api.key, api.leaf in NORMALIZING)
-            u.exact_api, u.api_key, u.normalizes = kind
+def _marks(directions: list, npu_entries: list, bench_entries: list) -> tuple:
+    """Per call (as lists): its phase ("optimizer" for forward calls after the step's last
+    backward call), its ``ApiEntry`` (``CallDiag.api``: parsed from its NPU entry; for a
+    call without one, left to be asked), whether its API is exact, its api_key and whether
+    it normalizes.
+
+    What a name says of its API is worked out once per API and direction: an API call's
+    name is ``{Prefix}.{api}.{N}.{direction}`` and its counter N says nothing of the kind,
+    so one parse serves its many calls and the others' ``ApiEntry`` is made from it (a
+    parse per call was a tenth of the diagnosis on bench/compare.py's 100k-entry pair)."""
+    m = len(directions)
+    last_bwd = next((k for k in range(m - 1, -1, -1) if directions[k] == "backward"), None)
+    phases = [""] * m
+    if last_bwd is not None:
+        for k in range(last_bwd + 1, m):
+            if directions[k] == "forward":
+                phases[k] = "optimizer"
+    apis = [_UNPARSED] * m
+    kinds = [_NO_KIND] * m
+    known: dict = {}        # (API base, its direction, the call's) -> (prefix, api, what it says), or None
+    for k, (npu_entry, bench_entry, call_direction) in enumerate(zip(npu_entries, bench_entries, directions)):
+        name = npu_entry or bench_entry
+        parts = name.rsplit(".", 2) if name else []
+        if len(parts) == 3 and (parts[2] == "forward" or parts[2] == "backward") and parts[1].isdigit():
+            base, counter, direction = parts
+            key = (base, direction, call_direction)
+            got = known.get(key, _UNPARSED)
+            if got is _UNPARSED:
+                api = parse_name(name)
+                got = None if api is None else (api.prefix, api.api, _kind(api, call_direction))
+                if api is None or (f"{api.prefix}.{api.api}" == base and api.index == int(counter)
+                                   and api.direction == direction and not api.io and not api.arg_path):
+                    known[key] = got          # (the grammar's: a name it reads otherwise is parsed each time)
+            elif got is not None:
+                api = ApiEntry(got[0], got[1], int(counter), direction)
+            else:
+                api = None
+            if got is not None:
+                kinds[k] = got[2]
+        else:
+            api = parse_name(name or "")
+            if api is not None:
+                kinds[k] = _kind(api, call_direction)
+        if npu_entry:
+            apis[k] = api
+    exact, keys, normalizes = (list(x) for x in zip(*kinds)) if m else ([], [], [])
+    return phases, apis, exact, keys, normalizes
+
+
+_NO_KIND = (False, "", False)     # (exact, api_key, normalizes) of a call whose name says no API
+
+
+def _kind(api, direction: str) -> tuple:
+    """(exact, key, normalizes) of a call of ``api`` (an ApiEntry) in ``direction``."""
+    return (api.exact if direction == "forward" else api.exact_backward, api.key, api.leaf in NORMALIZING)
 
 
 def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | None = None,
-           bound: tuple | None = None, norm: NormCheck | None = None, rounding: float = 0.0):
+           bound: tuple | None = None, norm: NormCheck | None = None, rounding: float = 0.0,
+           beyond: bool | None = None):
     """``bound``: statistics mode, a normalizer's (amplification, its input's rounding);
     ``norm``: its output Norm against its weight and bias's (normalized_norm);
     ``rounding``: statistics mode, the rounding one side's inputs carry that the other's do
-    not (``_input_rounding``): their elements differ by that much whatever their statistics say."""
+    not (``_input_rounding``): their elements differ by that much whatever their statistics say;
+    ``beyond``: whether its output error is beyond its threshold, where the caller knows."""
     if u.nonfinite and u.status not in ("unmatched", "not compared"):
         u.status = "introduces"         # NaN/Inf from finite inputs: whatever came before
         return
@@ -696,7 +820,8 @@ def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | 
         if u.local is not None and u.local.introduces and _stands_out(u):
             u.status = "introduces"     # judged on its own inputs: no partner needed
         return
-    beyond = u.output_error is not None and u.output_error > u.threshold
+    if beyond is None:
+        beyond = u.output_error is not None and u.output_error > u.threshold
     if u.local is not None:
         local = u.local.introduces and u.local.local > NOISE_FACTOR * (u.noise or 0.0) and _stands_out(u)
         u.status = "introduces" if local else ("inherits" if beyond else "clean")
@@ -728,7 +853,7 @@ def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | 
         u.status = "inherits"
 
 
-def _input_rounding(result, u) -> float:
+def _input_rounding(facts: _RowFacts, n_calls: int) -> list:
     """Statistics mode: the spacing (at 1.0) of the lowest precision among the call's inputs
     held in a bf16/fp16 dtype on one side and another dtype on the other (0.0 where none).
 
@@ -739,16 +864,20 @@ def _input_rounding(result, u) -> float:
     elements than its inputs' (a GPT-2 residual add in fp16, 2.7e-3 from inputs "9e-5" apart), a
     conv's weight gradient sums products that cancel (6% from a gradient "0.2%" apart): the
     jump is measured from that rounding, as a normalizer's already is (``_amplification``)."""
-    pairs = result.pairs
-    spacing = 0.0
-    for i in u.rows:
-        a, b = pairs[i].npu, pairs[i].bench
-        if a is None or b is None or a.io not in ("input", "parameters") or a.kind != "tensor" \
-                or b.kind != "tensor" or a.dtype == b.dtype:
-            continue
+    # Per call (a list by call index), from its rows at once: a per-call walk over its rows
+    # was asked of every call whose output differs (most of a 100k-entry pair's).
+    spacing = [0.0] * n_calls
+    A, B = facts.npu_rows, facts.bench_rows
+    rows = np.flatnonzero(facts.paired & facts.npu_tensor & facts.bench_tensor
+                          & (facts.npu_io >= _IO_CODE["input"]) & (facts.npu_io <= _IO_CODE["parameters"])).tolist()
+    a_rows, b_rows = list(map(A.__getitem__, rows)), list(map(B.__getitem__, rows))
+    differ = np.flatnonzero(np.fromiter(map(operator.ne, field_of(a_rows, "dtype"), field_of(b_rows, "dtype")),
+                                        bool, len(rows))).tolist()
+    for k in differ:
+        a, b, u = a_rows[k], b_rows[k], facts.unit[rows[k]]
         for cls in (vd.dtype_class(a.dtype or ""), vd.dtype_class(b.dtype or "")):
             if cls in _LOW_PRECISION:
-                spacing = max(spacing, _SPACING[cls])
+                spacing[u] = max(spacing[u], _SPACING[cls])
     return spacing
 
 
@@ -773,7 +902,7 @@ _BOUNDED = {"layer_norm": "spread", "group_norm": "spread", "batch_norm": "sprea
 _SPACING = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10, "float32": 2.0 ** -23, "float64": 2.0 ** -52}
 
 
-def _amplification(result, u) -> tuple | None:
+def _amplification(result, u, facts: _RowFacts) -> tuple | None:
     """Statistics mode, a forward normalizer: (how much it can amplify its input's relative
     difference, its input's rounding), from the bench side's statistics of the tensor it
     normalizes (its first input) and, for log_softmax, of its output; None otherwise.
@@ -781,13 +910,14 @@ def _amplification(result, u) -> tuple | None:
     layer/group/batch/instance norm divide by the spread: a difference relative to the
     input's magnitude comes out up to magnitude / std times larger (the spread taken over the
     whole tensor: per row or channel it can be smaller, which the jump factor covers)."""
+    if not u.npu_entry or not u.api_key.endswith(".forward") or _leaf(u.api_key) not in _BOUNDED:
+        return None                     # (its API's key first: asked of every normalizer)
     api = u.api
     if api is None or api.direction != "forward" or api.leaf not in _BOUNDED:
         return None
     kind = _BOUNDED[api.leaf]
     pairs = result.pairs
-    rows = [i for i in u.rows if pairs[i].npu is not None and pairs[i].bench is not None
-            and pairs[i].bench.kind == "tensor" and pairs[i].bench.numel]
+    rows = [i for i in u.rows if facts.paired[i] and facts.bench_tensor[i] and facts.bench_numel[i]]
     first = next((i for i in rows if pairs[i].bench.io == "input"), None)
     if first is None:
         return None
@@ -830,6 +960,18 @@ MONOTONE = {"sqrt": ("sqrt", 1), "sqrt_": ("sqrt", 1), "rsqrt": ("rsqrt", -1), "
 _EPS = {"torch.bfloat16": 2.0 ** -8, "torch.float16": 2.0 ** -11, "torch.float32": 2.0 ** -24}
 
 
+_LEAVES: dict = {}      # api_key -> its API's leaf ("Torch.linalg.norm.forward" -> "norm")
+
+
+def _leaf(api_key: str) -> str:
+    leaf = _LEAVES.get(api_key)
+    if leaf is None:
+        leaf = api_key.rpartition(".")[0].rpartition(".")[2]
+        if len(_LEAVES) < 1 << 12:
+            _LEAVES[api_key] = leaf
+    return leaf
+
+
 def _monotone(name: str, x: float) -> float:
     f = {"sqrt": math.sqrt, "rsqrt": lambda v: 1 / math.sqrt(v), "exp": math.exp, "log": math.log,
          "tanh": math.tanh, "sigmoid": lambda v: 1 / (1 + math.exp(-v)) if v > -700 else 0.0,
@@ -843,6 +985,8 @@ def _extremes_check(result, u) -> bool | None:
     """Statistics mode: True when the NPU output's Max and Min are the API applied to its own
     input's extremes (within 4 roundings), False when not (the kernel computes something
     else), None when that cannot be checked (not a monotone elementwise call)."""
+    if not u.npu_entry or _leaf(u.api_key) not in MONOTONE:     # (asked of every call: its API's leaf first)
+        return None
     api = u.api
     if api is None or api.direction != "forward" or api.leaf not in MONOTONE:
         return None
@@ -876,11 +1020,9 @@ def _stands_out(u: CallDiag) -> bool:
 def _eligible(calls):
     """API calls when the dump has them (module entries wrap them and would repeat the
     verdict one level up); modules for an L0 dump; never parameter-gradient entries."""
-    def is_module(u):
-        return u.name.startswith("Module.")
-    has_api = any(not is_module(u) for u in calls)
-    return [u for u in calls if u.direction in ("forward", "backward")
-            and (not has_api or not is_module(u))]
+    has_api = any(not u.name.startswith("Module.") for u in calls)
+    return [u for u in calls if (u.direction == "forward" or u.direction == "backward")
+            and (not has_api or not (u.npu_entry or u.bench_entry or "").startswith("Module."))]
 
 
 def _unmatched_before(seq, k):
@@ -925,9 +1067,25 @@ def _round_fp16(x):
 _CASTS = {"torch.bfloat16": _round_bf16, "torch.float16": _round_fp16}
 
 
+_MODULE = operator.attrgetter("module")
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
 def _key_ids(table: np.ndarray) -> tuple[np.ndarray, int]:
     """Per row of ``table`` (rows x k float64), an id shared by the rows of the same bytes;
-    and how many there are."""
+    and how many there are.
+
+    The rows are told apart by a 64-bit hash of their bytes, checked: where two rows of
+    one hash differ (a collision), by their bytes themselves (sorting 200k rows of bytes
+    was a tenth of the diagnosis on bench/compare.py's 100k-entry pair)."""
+    bits = np.ascontiguousarray(table).view(np.uint64)
+    h = np.zeros(len(bits), dtype=np.uint64)
+    for column in bits.T:
+        h = (h * _FNV_PRIME) ^ column
+    uniq, first, ids = np.unique(h, return_index=True, return_inverse=True)
+    ids = ids.reshape(-1)
+    if (bits == bits[first[ids]]).all():
+        return ids, len(uniq)
     keys = np.ascontiguousarray(table).view(f"V{table.itemsize * table.shape[1]}").ravel()
     uniq, ids = np.unique(keys, return_inverse=True)
     return ids.reshape(-1), len(uniq)
@@ -941,7 +1099,7 @@ def _first_before(ids: np.ndarray, n_ids: int, pos: np.ndarray, src: np.ndarray,
     return first[ids[ask]] < pos[ask]
 
 
-def _state(result, calls, errors, facts: _RowFacts) -> State:
+def _state(calls, facts: _RowFacts) -> State:
     """Inputs of forward calls that no earlier call of the step produced, and that differ.
 
     A tensor's identity is not in the dump; its (dtype, shape, statistics) are, and an
@@ -949,17 +1107,17 @@ def _state(result, calls, errors, facts: _RowFacts) -> State:
     that is not dumped (HF's softmax output ``.to(bf16)``), the same shape and the
     extremes rounded to the new dtype. The step's forward tensors are taken in call
     order at once: an input is produced when an output with its key comes before it."""
-    pairs = result.pairs
-    seq = np.fromiter(chain.from_iterable(u.rows for u in calls if u.direction == "forward"
-                                          and u.phase != "optimizer"), dtype=np.int64)
-    io = facts.npu_io[seq]
-    keep = facts.npu_tensor[seq] & (io >= _IO_CODE["input"]) & (io <= _IO_CODE["output"])
-    seq, out = seq[keep], io[keep] == _IO_CODE["output"]
-    rows = [pairs[i].npu for i in seq.tolist()]
+    forward = np.fromiter((u.direction == "forward" and u.phase != "optimizer" for u in calls), bool, len(calls))
+    io = facts.npu_io
+    seq = np.flatnonzero(forward[facts.unit] & facts.npu_tensor & (io >= _IO_CODE["input"])
+                         & (io <= _IO_CODE["output"]))
+    seq = seq[np.argsort(facts.unit[seq], kind="stable")]       # in call order (each call's rows in order)
+    out = io[seq] == _IO_CODE["output"]
+    rows = list(map(facts.npu_rows.__getitem__, seq.tolist()))
     dtypes, dtype = codes(field_of(rows, "dtype"))
     _, shape = codes(field_of(rows, "shape"))
     stats = facts.npu_stats[seq]
-    err = np.array([np.nan if e is None else e for e in map(errors.__getitem__, seq.tolist())], dtype=np.float64)
+    err = facts.err[seq]
     pos = np.arange(len(seq))
     ids, n_ids = _key_ids(np.column_stack([dtype, shape, stats]))      # (the codes as float64)
     todo = ~out & facts.paired[seq] & ~np.isnan(err)
@@ -978,23 +1136,35 @@ def _state(result, calls, errors, facts: _RowFacts) -> State:
         cid, n_cid = _key_ids(table)
         todo[ask] = ~_first_before(cid, n_cid, pos, src, ask)
     differ = np.flatnonzero(todo & (err > 0))
-    modules = [calls[u].module for u in facts.unit[seq[differ]].tolist()]
-    made = [OutsideInput(rows[k].name, rows[k].shape, e, m)            # in call order, then
-            for k, e, m in zip(differ.tolist(), err[differ].tolist(), modules)]
-    largest_first = np.argsort(-err[differ], kind="stable").tolist()   # largest error first
-    return State(list(map(made.__getitem__, largest_first)), int(todo.sum()))
+    differ = differ[np.argsort(-err[differ], kind="stable")]      # largest error first, then in call order
+    made = list(map(rows.__getitem__, differ.tolist()))
+    modules = list(map(_MODULE, map(calls.__getitem__, facts.unit[seq[differ]].tolist())))
+    return State(list(map(OutsideInput, field_of(made, "name"), field_of(made, "shape"), err[differ].tolist(),
+                          modules)), int(todo.sum()))
 
 
 def _drift(calls) -> Drift:
-    judged = [u for u in calls if u.output_error is not None and u.status != "not compared"]
-    fwd = [u for u in judged if u.direction == "forward" and u.phase != "optimizer"]
-    bwd = [u for u in judged if u.direction == "backward"]
-    finite = [u for u in judged if math.isfinite(u.output_error)]
-    largest = max(finite, key=lambda u: u.output_error, default=None)
-    growing = [u for u in finite if u.status == "inherits" and u.input_error]
-    fastest = max(growing, key=lambda u: u.output_error / u.input_error, default=None)
-    return Drift(fwd[-1].output_error if fwd else None, bwd[-1].output_error if bwd else None,
-                 largest, fastest)
+    forward = backward = largest = fastest = None      # (the first of equals, as max() keeps)
+    top = fast = 0.0
+    isfinite = math.isfinite
+    for u in calls:
+        e = u.output_error
+        if e is None or u.status == "not compared":
+            continue
+        if u.direction == "forward":
+            if u.phase != "optimizer":
+                forward = e
+        elif u.direction == "backward":
+            backward = e
+        if not isfinite(e):
+            continue
+        if largest is None or e > top:
+            largest, top = u, e
+        if u.status == "inherits" and u.input_error:
+            ratio = e / u.input_error
+            if fastest is None or ratio > fast:
+                fastest, fast = u, ratio
+    return Drift(forward, backward, largest, fastest)
 
 
 def _low_precision(result):
@@ -1041,21 +1211,30 @@ def _npu_entries(result, u) -> list:
     return list(dict.fromkeys(result.pairs[i].npu.entry for i in u.rows if result.pairs[i].npu is not None))
 
 
-def _draws(result, calls, replays) -> Draws | None:
+def _draws(calls, replays, facts: _RowFacts) -> Draws | None:
     """Random calls judged by their law on the NPU side's own dump (draws.py)."""
-    pairs = result.pairs
-    forward = {u.npu_entry: u for u in calls if u.npu_entry and u.direction == "forward"}
-    n, differ, first, unjudged = 0, 0, None, []
+    A = facts.npu_rows
+    may: dict = {}          # api_key -> whether its calls can draw (most calls of a dump: no)
+    drawing = []
     for u in calls:
-        api = u.api
-        if api is None or not draws.may_draw(api):
+        if not u.npu_entry or not u.api_key:      # (no API parsed from its NPU entry: u.api is None)
             continue
+        can = may.get(u.api_key)
+        if can is None:
+            can = may[u.api_key] = draws.may_draw(u.api)
+        if can:
+            drawing.append(u)
+    # a call's forward call is of its API: one that can draw too
+    forward = {u.npu_entry: u for u in drawing if u.direction == "forward"}
+    n, differ, first, unjudged = 0, 0, None, []
+    for u in drawing:
+        api = u.api
         fwd = forward.get(f"{api.base}.forward")
-        fwd_rows = [pairs[i].npu for i in fwd.rows if pairs[i].npu is not None] if fwd else []
+        fwd_rows = [r for r in map(A.__getitem__, fwd.rows) if r is not None] if fwd else []
         kind = draws.draw_kind(api, fwd_rows)
         if kind is None:
             continue
-        rows = [pairs[i].npu for i in u.rows if pairs[i].npu is not None and pairs[i].npu.kind == "tensor"]
+        rows = [r for r in map(A.__getitem__, u.rows) if r is not None and r.kind == "tensor"]
         x = next((r for r in rows if r.io == "input"), None)
         y = next((r for r in rows if r.io == "output"), None)
         check = None
@@ -1087,7 +1266,7 @@ def _draws(result, calls, replays) -> Draws | None:
     return Draws(n, differ, first, unjudged) if n else None
 
 
-def _after_differing_paths(result, calls, drawn) -> str | None:
+def _after_differing_paths(calls, drawn, facts: _RowFacts) -> str | None:
     """Statistics mode: after the first differing draw, or the first call whose output has
     another number of elements on each side (a data-dependent path: tokens routed to other experts, a
     mask of another size), tensors that differ element by element can have much the same
@@ -1097,18 +1276,18 @@ def _after_differing_paths(result, calls, drawn) -> str | None:
     firsts = []
     if drawn is not None and drawn.differ:
         firsts.append(next(u.index for u in calls if u.npu_entry == drawn.first_differing))
-    shaped = next((u for u in calls if u.direction == "forward" and any(
-        result.pairs[i].npu is not None and result.pairs[i].bench is not None and result.pairs[i].npu.io == "output"
-        and result.pairs[i].npu.kind == "tensor" and result.pairs[i].npu.shape != result.pairs[i].bench.shape
-        and result.pairs[i].npu.numel != result.pairs[i].bench.numel
-        for i in u.rows)), None)
+    A, B = facts.npu_rows, facts.bench_rows     # (paired NPU output tensors of another shape: few)
+    other_shape = np.flatnonzero(facts.paired & facts.npu_tensor & (facts.npu_io == _IO_CODE["output"])
+                                 & ~facts.same_shape).tolist()
+    shaped = next((calls[k] for k in sorted({facts.unit[i] for i in other_shape if A[i].numel != B[i].numel})
+                   if calls[k].direction == "forward"), None)
     if shaped is not None:
         firsts.append(shaped.index)
     if not firsts:
         return None
     first = min(firsts)
-    for u in calls:   # NaN/Inf on one side only (an infinite error) convicts whatever came before
-        if u.index > first and u.status == "introduces" and u.draw is None and not u.extremes_off \
+    for u in calls[first + 1:]:   # NaN/Inf on one side only (an infinite error) convicts whatever came before
+        if u.status == "introduces" and u.draw is None and not u.extremes_off \
                 and not u.nonfinite and u.output_error is not None and math.isfinite(u.output_error):
             u.status = "can't tell"
     return shaped.npu_entry if shaped is not None and shaped.index == first else None
@@ -1143,11 +1322,15 @@ def _stats_device_precision(calls) -> list:
     one faulty call every later one differs, and would pass for the device's precision.)"""
     import statistics as st
     groups: dict = {}
+    pooled: dict = {}       # api_key -> its group's key
     for u in calls:   # the calls given (nearly) agreeing inputs: what each adds on its own
         if u.status in ("introduces", "can't tell", "clean", "inherits") and u.api_key and u.draw is None \
                 and u.output_error is not None and (u.input_error or 0.0) <= u.input_threshold:
-            api = u.api_key.rsplit(".", 1)[0].split(".", 1)[-1]
-            groups.setdefault("matrix units" if api in MATRIX_UNIT else u.api_key, []).append(u)
+            key = pooled.get(u.api_key)
+            if key is None:
+                api = u.api_key.rsplit(".", 1)[0].split(".", 1)[-1]
+                key = pooled[u.api_key] = "matrix units" if api in MATRIX_UNIT else u.api_key
+            groups.setdefault(key, []).append(u)
     found = []
     for key in sorted(groups):
         us = groups[key]
@@ -1201,10 +1384,9 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
 
     ``noise``: bench entry -> run-to-run (input, output) error of that call (noise_floor).
     ``replay``: re-run calls on the NPU's inputs (default: in tensor mode)."""
-    facts = _RowFacts.of(result.pairs)
+    facts = _RowFacts.of(result)
     errors = row_errors(result, facts)
     calls = _units(result, errors, facts)
-    _mark(calls)
     low = _low_precision(result)
     _declared_precision(result, calls)
     for u in calls:
@@ -1215,26 +1397,26 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
     replays = None
     if (result.mode == "tensor" if replay is None else replay) and result.npu is not None:
         replays = Replays(result.npu.json_path)
-    drawn = _draws(result, eligible, replays)
+    drawn = _draws(eligible, replays, facts)
     device = []
     if replays is not None:
         replayed = _replay(result, eligible, replays, progress)
         device = _device_precision(eligible)
     statistics = result.mode != "tensor"
     paths_differ = None
+    spacing = _input_rounding(facts, len(calls)) if statistics else []
     for u in calls:
         stats_only = statistics and u.local is None
         jump = STATS_JUMP if stats_only and (low or u.input_error) else JUMP
-        bound = _amplification(result, u) if stats_only and u.normalizes and u.draw is None \
-            and u.output_error is not None and u.output_error > u.threshold else None
+        beyond = u.output_error is not None and u.output_error > u.threshold
+        bound = _amplification(result, u, facts) if stats_only and beyond and u.normalizes and u.draw is None else None
         norm = norm_check(result, u, errors, bound[0], _SPACING, STATS_JUMP) if bound is not None else None
-        rounding = _input_rounding(result, u) if stats_only and u.output_error is not None \
-            and u.output_error > u.threshold else 0.0
+        rounding = spacing[u.index] if stats_only and beyond else 0.0
         _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None, bound,
-               norm, rounding)
+               norm, rounding, beyond)
     if statistics:
         device += _stats_device_precision(eligible)
-        paths_differ = _after_differing_paths(result, calls, drawn)
+        paths_differ = _after_differing_paths(calls, drawn, facts)
     if device and result.npu is not None and result.npu.meta.math_modes:
         from probe.dump.math_modes import reduced_precision
         settings = tuple(reduced_precision(result.npu.meta.math_modes))
@@ -1251,7 +1433,7 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
     covered = coverage(result, eligible, primary.call if primary is not None else None,
                        [u for u in eligible if u.nonfinite_out])
     return Diagnosis(calls, fwd, bwd, suspects[:N_SUSPECTS], measure,
-                     inputs_differ=fwd_differ or bwd_differ, state=_state(result, calls, errors, facts),
+                     inputs_differ=fwd_differ or bwd_differ, state=_state(calls, facts),
                      drift=_drift(eligible), replayed=replayed, low_precision=low, draws=drawn, device=device,
                      paths_differ=paths_differ, coverage=covered)
 
@@ -1262,7 +1444,7 @@ def noise_floor(bench_json: str, bench2_json: str, **kw) -> dict:
     from .engine import compare_dumps
     r = compare_dumps(bench2_json, bench_json, progress=False, **kw)
     out = {}
-    facts = _RowFacts.of(r.pairs)
+    facts = _RowFacts.of(r)
     for u in _units(r, row_errors(r, facts), facts):
         if u.bench_entry and u.output_error is not None:
             out[u.bench_entry] = (u.input_error or 0.0, u.output_error)
