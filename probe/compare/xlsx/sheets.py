@@ -17,11 +17,12 @@ import zipfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from probe import lone_surrogates
 from probe.written_whole import replaced_when_written
 
-from .cells import SharedStrings, col_letter, encode_rows, esc, shared_texts
+from .cells import SharedStrings, coded_column, col_letter, distinct_codes, encode_rows, esc, shared_texts
 from .chart import write_charts
 
 logger = logging.getLogger(__name__)
@@ -173,20 +174,28 @@ def _prefixes(sheet: Sheet) -> list:
     return out
 
 
-def _shared_tables(sheet: Sheet, sst: SharedStrings | None) -> list:
+def _shared_tables(sheet: Sheet, sst: SharedStrings | None, found: list | None = None) -> list:
     """Per column: the shared-strings table if its texts repeat enough, else None.  Every
     text is registered first, column by column, so the indices do not depend on the
-    chunking of the rows."""
+    chunking of the rows. ``found``: per column, its ``distinct_codes``, where known."""
     if sst is None:
         return [None] * len(sheet.columns)
     shared = []
-    for col in sheet.columns:
-        texts = shared_texts(col)
+    for k, col in enumerate(sheet.columns):
+        texts = shared_texts(col, found[k] if found is not None else None)
         for v in texts or ():
             if type(v) is str:
                 sst.body(v)
         shared.append(sst if texts is not None else None)
     return shared
+
+
+def _column_tables(sheet: Sheet, sst: SharedStrings | None, with_csv: bool) -> tuple[list, list]:
+    """Per column: its shared-strings table or None (``_shared_tables``), and its
+    ``Coded`` form or None (``coded_column``), from one pass over each column's values."""
+    found = list(map(distinct_codes, sheet.columns))
+    shared = _shared_tables(sheet, sst, found)
+    return shared, list(map(coded_column, sheet.columns, found, shared, repeat(with_csv)))
 
 
 def _header_cell(ref: str, text) -> str:
@@ -328,7 +337,7 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
         parts.extend(_header_cell(f"{letters[c]}1", h) for c, h in enumerate(sheet.header))
         parts.append("</row>")
         fh.write("".join(parts).encode("utf-8"))
-        prefixes, shared = _prefixes(sheet), _shared_tables(sheet, sst)
+        prefixes, (shared, coded) = _prefixes(sheet), _column_tables(sheet, sst, csv_fh is not None)
         replaced = False
         for lo in range(0, n, CHUNK_ROWS):
             hi = min(n, lo + CHUNK_ROWS)
@@ -336,8 +345,8 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
             styles = sheet.row_styles[lo:hi] if sheet.row_styles else None
             heights = sheet.row_heights[lo:hi] if sheet.row_heights else None
             try:
-                xml, text = encode_rows(columns, styles, lo, prefixes, shared, csv_fh is not None, heights)
-            except UnicodeEncodeError:        # a lone surrogate: UTF-8 has no such character
+                xml, text = encode_rows(columns, styles, lo, prefixes, shared, csv_fh is not None, heights, coded)
+            except UnicodeEncodeError:        # a lone surrogate: UTF-8 has no such character (no codes: texts made again)
                 xml, text = encode_rows(list(map(_without_surrogates, columns)), styles, lo, prefixes,
                                         shared, csv_fh is not None, heights)
                 replaced = True
