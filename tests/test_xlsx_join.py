@@ -218,7 +218,7 @@ def test_the_deflated_bytes_do_not_depend_on_the_number_of_threads(tmp_path, mon
     assert stored[0] == stored[1]
 
 
-def test_a_failing_csv_write_is_raised_not_lost(tmp_path, monkeypatch):
+def test_a_failing_csv_or_sheet_write_is_raised_not_lost(tmp_path, monkeypatch):
     class Full:
         """A file whose third write fails, as on a full disk."""
         def __init__(self, fh):
@@ -234,9 +234,11 @@ def test_a_failing_csv_write_is_raised_not_lost(tmp_path, monkeypatch):
             self.fh.close()
 
     real = sheets._WriteBehind
-    monkeypatch.setattr(sheets, "_WriteBehind", lambda fh: real(Full(fh)))
-    with pytest.raises(OSError, match="No space left"):
-        _write_big(tmp_path / "full.xlsx", monkeypatch)
+    for failing in ("csv", "sheet"):          # the CSV's writer, or the big sheet's (named)
+        monkeypatch.setattr(sheets, "_WriteBehind", lambda fh, *named, failing=failing: real(
+            Full(fh) if (failing == "sheet") == bool(named) else fh, *named))
+        with pytest.raises(OSError, match="No space left"):
+            _write_big(tmp_path / f"full_{failing}.xlsx", monkeypatch)
 
 
 def test_plain_text_columns_join_raw_as_their_cells_are_written(monkeypatch):
