@@ -99,14 +99,14 @@ def test_the_c_join_refuses_parts_that_do_not_fit():
 @pytest.mark.parametrize("n_distinct", [0, 1, 3, 256, 257, 70000])
 def test_the_c_codes_are_the_python_codes(n_distinct):
     """Distinct values in order of first appearance (equal values are one: dict.fromkeys),
-    per value its index in the fewest bytes that hold it; a value in runs of the same
-    object is found without a lookup."""
+    per value its index in the fewest bytes that hold it, from a list or any iterable; a
+    value in runs of the same object is found without a lookup."""
     from probe.compare.xlsx._cjoin import codes as c_codes
     rng = np.random.default_rng(n_distinct)
     texts = [f"value {k}" for k in range(n_distinct)]
     values = [texts[k] for k in rng.integers(0, n_distinct, 3 * n_distinct)] + texts if n_distinct else []
     values += [None, True, None, "value 0", "value 0"[:5] + " 0"]      # an equal text, not the same object
-    assert c_codes(values) == cells.codes_py(values)
+    assert c_codes(values) == cells.codes_py(values) == c_codes(iter(values)) == cells.codes_py(iter(values))
     distinct, codes = c_codes(values)
     assert distinct == list(dict.fromkeys(values))
     width = len(codes) // len(values)

@@ -414,34 +414,51 @@ done:
 }
 
 /* codes(values) -> (distinct, codes)
- *   values: a list of hashable values. distinct: its values in order of first appearance
- *   (as dict.fromkeys keeps them); codes: per value the index of it in distinct, as bytes
+ *   values: hashable values (a list, or any iterable, read once). distinct: its values
+ *   in order of first appearance (as dict.fromkeys keeps them); codes: per value the
+ *   index of it in distinct, as bytes
  *   of 1, 2 or 4 bytes a code (the fewest that hold them; native order), what join_rows
  *   picks texts by. One pass, a dict lookup only where a value is not the object before
  *   it (a column's dtypes and verdicts come in runs of the same object).
  * cells.codes_py is the same function in Python. */
 static PyObject *codes(PyObject *self, PyObject *values) {
-    if (!PyList_Check(values)) {
-        PyErr_SetString(PyExc_TypeError, "codes: values must be a list");
+    int is_list = PyList_Check(values);
+    PyObject *it = is_list ? NULL : PyObject_GetIter(values);
+    if (!is_list && it == NULL)
         return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(values);
+    Py_ssize_t cap = is_list ? PyList_GET_SIZE(values) : 1024, n = 0;
     PyObject *index = PyDict_New(), *distinct = PyList_New(0), *out = NULL, *last = NULL;
-    uint32_t *all = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
+    uint32_t *all = PyMem_Malloc((size_t)(cap ? cap : 1) * sizeof(uint32_t));
     if (index == NULL || distinct == NULL || all == NULL) {
         if (all == NULL)
             PyErr_NoMemory();
         goto done;
     }
-    uint32_t last_code = 0;                          /* last: held, a value's __eq__ may change the list */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (i >= PyList_GET_SIZE(values)) {
-            PyErr_SetString(PyExc_RuntimeError, "codes: the list changed size");
-            goto done;
-        }
-        PyObject *v = PyList_GET_ITEM(values, i);
-        if (v != last) {
+    uint32_t last_code = 0;          /* of last, the value before (held: an __eq__ may drop it) */
+    for (;; n++) {
+        PyObject *v;
+        if (is_list) {
+            if (n >= PyList_GET_SIZE(values))        /* (read as it is now: an __eq__ may change it) */
+                break;
+            v = PyList_GET_ITEM(values, n);
             Py_INCREF(v);
+        } else if ((v = PyIter_Next(it)) == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            break;
+        }
+        if (n >= cap) {
+            uint32_t *more = PyMem_Realloc(all, (size_t)(cap *= 2) * sizeof(uint32_t));
+            if (more == NULL) {
+                Py_DECREF(v);
+                PyErr_NoMemory();
+                goto done;
+            }
+            all = more;
+        }
+        if (v == last) {
+            Py_DECREF(v);
+        } else {
             Py_XSETREF(last, v);
             PyObject *code = PyDict_GetItemWithError(index, v);
             if (code == NULL) {
@@ -462,7 +479,7 @@ static PyObject *codes(PyObject *self, PyObject *values) {
                 last_code = (uint32_t)PyLong_AsSsize_t(code);
             }
         }
-        all[i] = last_code;
+        all[n] = last_code;
     }
     Py_ssize_t k = PyList_GET_SIZE(distinct);
     int width = k <= 1 << 8 ? 1 : k <= 1 << 16 ? 2 : 4;
@@ -483,6 +500,7 @@ static PyObject *codes(PyObject *self, PyObject *values) {
     out = PyTuple_Pack(2, distinct, bytes);
     Py_DECREF(bytes);
 done:
+    Py_XDECREF(it);
     Py_XDECREF(last);
     PyMem_Free(all);
     Py_XDECREF(index);

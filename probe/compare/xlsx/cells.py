@@ -9,7 +9,7 @@ import re
 import sys
 from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import orjson
@@ -456,20 +456,36 @@ def join_rows_py(parts: Sequence, m: int, sep: str, end: str) -> bytes:
     return "".join(chain.from_iterable(zip(rows, repeat(end)))).encode("utf-8")
 
 
-def codes_py(values: list) -> tuple[list, bytes]:
+def _code_type(n_distinct: int):
+    """The narrowest unsigned type that holds the codes of ``n_distinct`` values."""
+    return np.uint8 if n_distinct <= 1 << 8 else np.uint16 if n_distinct <= 1 << 16 else np.uint32
+
+
+def codes_py(values: Iterable) -> tuple[list, bytes]:
     """(``values``' distinct values in order of first appearance, per value the index of
     it as bytes, 1, 2 or 4 bytes a code as needed, native order): the C extension
-    ``_cjoin.codes``'s reference, where it was not built."""
+    ``_cjoin.codes``'s reference, where it was not built. ``values``: a list, or any
+    iterable (read once)."""
+    if type(values) is not list:
+        index: dict = {}
+        ids = np.fromiter((index.setdefault(v, len(index)) for v in values), np.uint32)
+        return list(index), ids.astype(_code_type(len(index))).tobytes()
     distinct = list(dict.fromkeys(values))
     index = dict(zip(distinct, range(len(distinct))))
-    dtype = np.uint8 if len(distinct) <= 1 << 8 else np.uint16 if len(distinct) <= 1 << 16 else np.uint32
-    return distinct, np.fromiter(map(index.__getitem__, values), dtype, len(values)).tobytes()
+    return distinct, np.fromiter(map(index.__getitem__, values), _code_type(len(distinct)), len(values)).tobytes()
 
 
 try:
     from ._cjoin import codes, join_rows
 except ImportError:        # built without a C compiler: the same bytes, about twice the time
     join_rows, codes = join_rows_py, codes_py
+
+
+def code_array(values: Iterable) -> tuple[list, np.ndarray]:
+    """(the distinct values in order of first appearance, per value its index in the
+    narrowest unsigned integer array): ``codes`` (one pass, in C where built)."""
+    distinct, raw = codes(values)
+    return distinct, np.frombuffer(raw, _code_type(len(distinct)))
 
 
 def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, shared: list,
