@@ -333,9 +333,8 @@ def _coalesced(npu: list, bench: list, label=None) -> tuple[list, np.ndarray]:
     it): the NPU column coded as it is (in C, values in runs of one object found without
     a lookup) where every row has its NPU value (a compare of calls both sides made)."""
     if None not in npu:
-        found: tuple | None = code_array(npu)
-        if label is not None:
-            found = _labelled(found, label)
+        coded = code_array(npu)
+        found = coded if label is None else _labelled(coded, label)
         if found is not None:
             return found
     values = [a if a is not None else b for a, b in zip(npu, bench)]
