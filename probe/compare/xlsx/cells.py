@@ -229,6 +229,14 @@ def _finite_floats(col: list):
     return None if _NULL in texts else texts
 
 
+def _int_texts(col) -> list | None:
+    """The texts of a column of ints only (as its cells' ``<v>`` texts and its CSV fields
+    have them: ``str``), or None for any other column."""
+    if type(col) is not list or not col or type(col[0]) is not int or set(map(type, col)) != {int}:
+        return None
+    return list(map(str, col))
+
+
 def shared_texts(col, found: tuple | None = None) -> list | None:
     """A column's distinct values in order of first appearance where its texts repeat
     enough to be shared strings, else None (decided for the whole column, so that the
@@ -554,7 +562,7 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
             lead = ""
             continue
         opening, closing = "", ""                # around each raw text: its cell's body
-        if (raw := _finite_floats(chunk)) is not None:
+        if (raw := _finite_floats(chunk)) is not None or (raw := _int_texts(chunk)) is not None:
             bodies, fields, (opening, closing) = raw, raw, _NUM_AROUND
         elif table is None and (raw := _plain_texts(chunk)) is not None:
             bodies, fields, (opening, closing) = raw, _csv_texts(raw), _STR_AROUND
