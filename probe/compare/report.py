@@ -22,6 +22,7 @@ from .engine import PERCENT_COLUMNS, CompareResult, load_stacks
 from . import summary_json
 from .html_report import user_frame
 from .xlsx import LineChart, Sheet, write_workbook
+from .xlsx.cells import code_array
 from .xlsx.sheets import row_link, split_note
 from probe import lone_surrogates
 from probe.written_whole import WrittenTogether
@@ -49,24 +50,27 @@ def summary_rows(result: CompareResult) -> list:
     """Key/value lines of the Summary sheet (also printed by the CLI)."""
     cols = result.columns
     verdicts = cols["Result"]
-    counts = Counter(verdicts)
+    levels, level_of = code_array(verdicts)
+    dirs, dir_of = code_array(cols["Direction"])
+    # (direction, verdict) -> rows, as Counter(zip(..)) counts them, from the two columns' codes
+    pairs = np.bincount(dir_of.astype(np.int64) * len(levels) + level_of, minlength=len(dirs) * len(levels))
+    by_dir = {(d, lv): int(pairs[i * len(levels) + j]) for i, d in enumerate(dirs) for j, lv in enumerate(levels)
+              if pairs[i * len(levels) + j]}
+    counts = Counter({lv: int(c) for lv, c in zip(levels, np.bincount(level_of, minlength=len(levels)))})
     lines = [["mode", result.mode],
              ["NPU dump", result.npu.json_path if result.npu else ""],
              ["bench dump", result.bench.json_path if result.bench else ""],
              ["rows", result.n_rows]]
     for level in ("pass", "warning", "error"):
         lines.append([level, counts.get(level, 0)])
-    by_dir = Counter(zip(cols["Direction"], verdicts))
     for d in sorted({d for d, _ in by_dir}):
         lines.append([f"{d or 'other'}: pass / warning / error",
                       " / ".join(str(by_dir.get((d, lv), 0)) for lv in ("pass", "warning", "error"))])
-    unmatched_npu = sum(1 for b in cols["Bench Name"] if b is None)
-    unmatched_bench = sum(1 for a in cols["NPU Name"] if a is None)
-    lines.append(["NPU rows without bench", unmatched_npu])
-    lines.append(["bench rows without NPU", unmatched_bench])
+    lines.append(["NPU rows without bench", _nones(cols["Bench Name"])])
+    lines.append(["bench rows without NPU", _nones(cols["NPU Name"])])
     for note in result.notes:
         lines.append(["note", note])
-    first = next((i for i, v in enumerate(verdicts) if v == "error"), None)
+    first = _first_error(verdicts)
     if first is None:
         lines.append(["first error", "none"])
     else:
@@ -79,6 +83,21 @@ def summary_rows(result: CompareResult) -> list:
             stack = load_stacks(result.stack_path).get(entry) if entry else None
         lines.append(["first error stack", stack or "(no stack.json given)"])
     return lines
+
+
+def _nones(column) -> int:
+    """How many values of ``column`` are None."""
+    return column.count(None) if type(column) is list else sum(1 for v in column if v is None)
+
+
+def _first_error(verdicts) -> int | None:
+    """The index of the first row whose verdict is "error", or None."""
+    if type(verdicts) is list:
+        try:
+            return verdicts.index("error")
+        except ValueError:
+            return None
+    return next((i for i, v in enumerate(verdicts) if v == "error"), None)
 
 
 def _row_text(row: int) -> str:
@@ -281,7 +300,7 @@ def summary_sheet(result: CompareResult, digest: dict | None, diag) -> Sheet:
             if frame:
                 lines.insert(1, ["culprit called at", frame])
         lines += diagnosis_lines(digest)
-    first = next((i for i, v in enumerate(result.columns["Result"]) if v == "error"), None)
+    first = _first_error(result.columns["Result"])
     styles: list = [None] * len(lines)
     for k, (label, _) in enumerate(lines):
         if label == "first error" and first is not None:
