@@ -37,13 +37,14 @@ def _sheet(n: int, csv_path: str | None = None) -> Sheet:
 def _encode_s(sheet: Sheet, join) -> tuple[float, bytes]:
     cells.join_rows, saved = join, cells.join_rows
     try:
-        prefixes, shared = sheets._prefixes(sheet), sheets._shared_tables(sheet, cells.SharedStrings())
         n, parts = len(sheet.columns[0]), []
         t = time.perf_counter()
+        prefixes = sheets._prefixes(sheet)
+        shared, coded = sheets._column_tables(sheet, cells.SharedStrings(), True)   # as the writer codes them
         for lo in range(0, n, sheets.CHUNK_ROWS):
             hi = min(n, lo + sheets.CHUNK_ROWS)
             parts.append(cells.encode_rows([c[lo:hi] for c in sheet.columns], sheet.row_styles[lo:hi], lo,
-                                           prefixes, shared, True)[0])
+                                           prefixes, shared, True, None, coded)[0])
         return time.perf_counter() - t, b"".join(parts)
     finally:
         cells.join_rows = saved
@@ -57,10 +58,26 @@ def _deflate_s(lib, xml: bytes) -> float:
     return time.perf_counter() - t
 
 
+class _Inline:
+    """A file written in the calling thread (what ``sheets._WriteBehind`` replaced)."""
+
+    def __init__(self, fh, *named):
+        self.fh = fh
+
+    def write(self, data: bytes):
+        self.fh.write(data)
+
+    def wait(self):
+        pass
+
+    def close(self):
+        self.fh.close()
+
+
 def _workbook_s(n: int, tmp: str, threaded: bool) -> float:
     swap, behind = sheets._deflate_in_parallel, sheets._WriteBehind
     if not threaded:
-        sheets._deflate_in_parallel, sheets._WriteBehind = (lambda fh, level: None), (lambda fh: fh)
+        sheets._deflate_in_parallel, sheets._WriteBehind = (lambda fh, level: None), _Inline
     try:
         sheet = _sheet(n, os.path.join(tmp, "t.csv"))
         t = time.perf_counter()

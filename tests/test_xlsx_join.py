@@ -33,18 +33,28 @@ def _block(rng, m, k, nan_every=0):
     return orjson.dumps(a, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+def _codes(values, dtype):
+    return np.asarray(values, dtype=dtype).tobytes()
+
+
 def _parts(rng, m):
     """Parts of every kind: texts per row (ASCII, non-ASCII, empty), one text for all rows,
-    blocks of numbers with and without NaN, with one opening or one per row."""
+    row numbers, texts picked by codes of each width, blocks of numbers with and without
+    NaN, with one opening, one per row or one picked per row."""
     openings = ['<c s="2"', "<c", '<c s="5"']
+    many = [f"t{k}é" for k in range(300)]
     return [
-        [f'<row r="{r + 2}">' for r in range(m)],
+        '<row r="', m + 7, '">',
         [("x", "é ü", "", "名前", "a & b")[r % 5] for r in range(m)],
         '<c s="7"/>',
         (_block(rng, m, 3), "<c"),
         (_block(rng, m, 4, nan_every=5), [openings[r % 3] for r in range(m)]),
+        (["<a>", "", "é"], _codes([r % 3 for r in range(m)], np.uint8)),
+        (many, _codes([(r * 7) % 300 for r in range(m)], np.uint16)),
+        (many, _codes([(r * 11) % 300 for r in range(m)], np.uint32)),
         [str(r) for r in range(m)],
         (_block(rng, m, 2, nan_every=2), '<c s="1"'),
+        (_block(rng, m, 1, nan_every=3), (openings, _codes([(r * 5) % 3 for r in range(m)], np.uint8))),
         "</row>",
     ]
 
@@ -55,7 +65,7 @@ def test_the_c_join_gives_the_python_join_bytes(m):
     rng = np.random.default_rng(m)
     xml = _parts(rng, m)
     assert c_join(xml, m, "", "") == cells.join_rows_py(xml, m, "", "")
-    fields = [p if not isinstance(p, tuple) else (p[0], None) for p in xml]
+    fields = [(p[0], None) if isinstance(p, tuple) and isinstance(p[0], bytes) else p for p in xml]
     for sep, end in ((",", "\r\n"), ("", ""), (";", "")):
         assert c_join(fields, m, sep, end) == cells.join_rows_py(fields, m, sep, end)
 
@@ -78,7 +88,31 @@ def test_the_c_join_refuses_parts_that_do_not_fit():
     with pytest.raises(TypeError, match="must be str"):
         c_join([["a", 1]], 2, "", "")
     with pytest.raises(TypeError, match="a part is"):
-        c_join([3], 1, "", "")
+        c_join([3.0], 1, "", "")
+    with pytest.raises(ValueError, match="3 bytes of codes for 2 rows"):
+        c_join([(["a"], b"\0\0\0")], 2, "", "")
+    with pytest.raises(ValueError, match="past its 1 texts"):
+        c_join([(["a"], b"\0\1")], 2, "", "")
+
+
+@needs_c
+@pytest.mark.parametrize("n_distinct", [0, 1, 3, 256, 257, 70000])
+def test_the_c_codes_are_the_python_codes(n_distinct):
+    """Distinct values in order of first appearance (equal values are one: dict.fromkeys),
+    per value its index in the fewest bytes that hold it, from a list or any iterable; a
+    value in runs of the same object is found without a lookup."""
+    from probe.compare.xlsx._cjoin import codes as c_codes
+    rng = np.random.default_rng(n_distinct)
+    texts = [f"value {k}" for k in range(n_distinct)]
+    values = [texts[k] for k in rng.integers(0, n_distinct, 3 * n_distinct)] + texts if n_distinct else []
+    values += [None, True, None, "value 0", "value 0"[:5] + " 0"]      # an equal text, not the same object
+    assert c_codes(values) == cells.codes_py(values) == c_codes(iter(values)) == cells.codes_py(iter(values))
+    distinct, codes = c_codes(values)
+    assert distinct == list(dict.fromkeys(values))
+    width = len(codes) // len(values)
+    assert width == (1 if len(distinct) <= 256 else 2 if len(distinct) <= 65536 else 4)
+    with pytest.raises(TypeError, match="unhashable"):
+        c_codes([[1]])
 
 
 def _sheet_columns(n):
@@ -112,6 +146,31 @@ def test_encode_rows_gives_the_same_bytes_with_either_join(monkeypatch):
             with_c = cells.encode_rows(*args)
             monkeypatch.setattr(cells, "join_rows", cells.join_rows_py)
             assert cells.encode_rows(*args) == with_c
+
+
+def test_coded_columns_give_the_bytes_of_their_cells(monkeypatch):
+    """Columns of repeated values (shared texts, inline texts, bools, None among them, one
+    value) joined by code, worked out once for the sheet, give the bytes that their cells
+    made chunk by chunk give, with the C codes and their Python twin."""
+    n = 600
+    header, cols, styles, _ = _sheet_columns(n)
+    extra = {"dtype or none": [None if k % 5 == 0 else ("float32", "bfloat16")[k % 2] for k in range(n)],
+             "grad": [None if k % 4 == 0 else k % 3 == 0 for k in range(n)],
+             "hostile": [("=1+1", "a,b", " x ", "ok", 'say "y"')[k % 5] for k in range(n)],
+             "one": ["exact"] * n}
+    header, cols = header + list(extra), cols + list(extra.values())
+    sheet = Sheet("rows", header, cols, styles, percent_columns={"pa", "pb"}, wrap_columns={"name"})
+    prefixes = sheets._prefixes(sheet)
+    for codes in (cells.codes, cells.codes_py):
+        monkeypatch.setattr(cells, "codes", codes)
+        for with_csv in (True, False):
+            shared, coded = sheets._column_tables(sheet, cells.SharedStrings(), with_csv)
+            assert [h for h, c in zip(header, coded) if c is not None] == [
+                "dtype", "verdict", "flag", "dtype or none", "grad", "hostile", "one"]
+            for lo, hi in ((0, 1), (0, 250), (250, 600)):
+                for chunk_styles in (styles[lo:hi], None):
+                    args = ([c[lo:hi] for c in cols], chunk_styles, lo, prefixes, shared, with_csv, None)
+                    assert cells.encode_rows(*args, coded) == cells.encode_rows(*args)
 
 
 def _entry_bytes(path, name):
@@ -159,7 +218,7 @@ def test_the_deflated_bytes_do_not_depend_on_the_number_of_threads(tmp_path, mon
     assert stored[0] == stored[1]
 
 
-def test_a_failing_csv_write_is_raised_not_lost(tmp_path, monkeypatch):
+def test_a_failing_csv_or_sheet_write_is_raised_not_lost(tmp_path, monkeypatch):
     class Full:
         """A file whose third write fails, as on a full disk."""
         def __init__(self, fh):
@@ -175,9 +234,11 @@ def test_a_failing_csv_write_is_raised_not_lost(tmp_path, monkeypatch):
             self.fh.close()
 
     real = sheets._WriteBehind
-    monkeypatch.setattr(sheets, "_WriteBehind", lambda fh: real(Full(fh)))
-    with pytest.raises(OSError, match="No space left"):
-        _write_big(tmp_path / "full.xlsx", monkeypatch)
+    for failing in ("csv", "sheet"):          # the CSV's writer, or the big sheet's (named)
+        monkeypatch.setattr(sheets, "_WriteBehind", lambda fh, *named, failing=failing: real(
+            Full(fh) if (failing == "sheet") == bool(named) else fh, *named))
+        with pytest.raises(OSError, match="No space left"):
+            _write_big(tmp_path / f"full_{failing}.xlsx", monkeypatch)
 
 
 def test_plain_text_columns_join_raw_as_their_cells_are_written(monkeypatch):

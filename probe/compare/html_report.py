@@ -24,6 +24,7 @@ import orjson
 
 from .codes import codes
 from .summary_json import StackLookup
+from .xlsx.cells import code_array
 from probe import lone_surrogates
 from probe.errors import ConfigError
 from probe.written_whole import replaced_when_written
@@ -122,7 +123,7 @@ def _groups(result, calls) -> tuple:
                 key = (os.path.basename(file), f"{func} (line {line})")
             frames[text] = key
         return key
-    paths, ids = codes((frame(stack(u.npu_entry) or stack(u.bench_entry)) for u in calls), len(calls))
+    paths, ids = code_array(frame(stack(u.npu_entry) or stack(u.bench_entry)) for u in calls)
     return ids, [list(p) for p in paths], "stack file"
 
 
@@ -258,13 +259,12 @@ def _data(result, diag, digest, files: dict | None) -> dict:
                 base = npu_entry[c]
             yield name[len(base):] if base and name.startswith(base) else name
     suffix, x = _suffix_codes(names, npu_entry, row_call) or codes(suffixes(), n)   # a few hundred texts
-    side = np.fromiter((name is None for name in names), np.uint8, n)
-    dtypes, dt = codes([a if a is not None else b for a, b in zip(cols["NPU Dtype"], cols["Bench Dtype"])])
+    side = np.fromiter((name is None for name in names), np.uint8, n) if None in names else np.zeros(n, np.uint8)
+    dtypes, dt = _coalesced(cols["NPU Dtype"], cols["Bench Dtype"])
     dtypes = [_dtype_label(d) for d in dtypes]     # a few kinds: labelled once each
-    shapes, sh = codes([str(a if a is not None else b) for a, b in
-                         zip(cols["NPU Tensor Shape"], cols["Bench Tensor Shape"])])
-    results, res = codes(cols["Result"])
-    dirs, rd = codes([v or "other" for v in cols["Direction"]])
+    shapes, sh = _coalesced(cols["NPU Tensor Shape"], cols["Bench Tensor Shape"], str)
+    results, res = code_array(cols["Result"])
+    dirs, rd = _labelled(code_array(cols["Direction"]), _direction) or code_array(list(map(_direction, cols["Direction"])))
     metrics = [m for m in PAGE_METRICS.get(result.mode, []) if m in cols]
     gids, gpaths, gkind = _groups(result, calls)
     status = {s: k for k, s in enumerate(STATUS)}
@@ -305,21 +305,40 @@ def _data(result, diag, digest, files: dict | None) -> dict:
 
 def _suffix_codes(names: list, npu_entry: list, row_call: np.ndarray) -> tuple[list, np.ndarray] | None:
     """``codes`` of ``_data``'s suffixes where every row has an NPU name that starts with
-    its call's NPU entry name (a compare of calls both sides made): the suffixes cut in C
-    (twice: the distinct ones, then each row's code), not a Python step per row (350k rows
-    in the 100k-entry pairs) and no list of them all; None otherwise."""
+    its call's NPU entry name (a compare of calls both sides made): the suffixes cut and
+    coded in C (``code_array``, one pass), not a Python step per row (350k rows in the
+    100k-entry pairs) and no list of them all; None otherwise."""
     if None in names:
         return None
     bases = list(map(npu_entry.__getitem__, row_call.tolist()))
     if None in bases or not all(map(str.startswith, names, bases)):
         return None
-    starts = list(map(len, bases))
+    return code_array(map(getitem, names, map(slice, map(len, bases), repeat(None))))
 
-    def cut():
-        return map(getitem, names, map(slice, starts, repeat(None)))
-    distinct = list(dict.fromkeys(cut()))
-    index = dict(zip(distinct, range(len(distinct))))
-    return distinct, np.fromiter(map(index.__getitem__, cut()), np.int32, len(names))
+
+def _direction(value) -> str:
+    return value or "other"
+
+
+def _labelled(found: tuple, label) -> tuple[list, np.ndarray] | None:
+    """``found`` (``code_array``'s distinct values and codes) with each distinct value
+    as ``label`` gives it; None where two values get one label (coded again then)."""
+    distinct, ids = found
+    labels = list(map(label, distinct))
+    return (labels, ids) if len(set(labels)) == len(labels) else None
+
+
+def _coalesced(npu: list, bench: list, label=None) -> tuple[list, np.ndarray]:
+    """``codes`` of each row's NPU value, else its bench value (each as ``label`` gives
+    it): the NPU column coded as it is (in C, values in runs of one object found without
+    a lookup) where every row has its NPU value (a compare of calls both sides made)."""
+    if None not in npu:
+        coded = code_array(npu)
+        found = coded if label is None else _labelled(coded, label)
+        if found is not None:
+            return found
+    values = [a if a is not None else b for a, b in zip(npu, bench)]
+    return code_array(values if label is None else list(map(label, values)))
 
 
 def _plain(value):

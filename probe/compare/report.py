@@ -14,6 +14,7 @@ import os
 import shutil
 import time
 from collections import Counter
+from operator import attrgetter
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from .engine import PERCENT_COLUMNS, CompareResult, load_stacks
 from . import summary_json
 from .html_report import user_frame
 from .xlsx import LineChart, Sheet, write_workbook
+from .xlsx.cells import code_array
 from .xlsx.sheets import row_link, split_note
 from probe import lone_surrogates
 from probe.written_whole import WrittenTogether
@@ -48,24 +50,27 @@ def summary_rows(result: CompareResult) -> list:
     """Key/value lines of the Summary sheet (also printed by the CLI)."""
     cols = result.columns
     verdicts = cols["Result"]
-    counts = Counter(verdicts)
+    levels, level_of = code_array(verdicts)
+    dirs, dir_of = code_array(cols["Direction"])
+    # (direction, verdict) -> rows, as Counter(zip(..)) counts them, from the two columns' codes
+    pairs = np.bincount(dir_of.astype(np.int64) * len(levels) + level_of, minlength=len(dirs) * len(levels))
+    by_dir = {(d, lv): int(pairs[i * len(levels) + j]) for i, d in enumerate(dirs) for j, lv in enumerate(levels)
+              if pairs[i * len(levels) + j]}
+    counts = Counter({lv: int(c) for lv, c in zip(levels, np.bincount(level_of, minlength=len(levels)))})
     lines = [["mode", result.mode],
              ["NPU dump", result.npu.json_path if result.npu else ""],
              ["bench dump", result.bench.json_path if result.bench else ""],
              ["rows", result.n_rows]]
     for level in ("pass", "warning", "error"):
         lines.append([level, counts.get(level, 0)])
-    by_dir = Counter(zip(cols["Direction"], verdicts))
     for d in sorted({d for d, _ in by_dir}):
         lines.append([f"{d or 'other'}: pass / warning / error",
                       " / ".join(str(by_dir.get((d, lv), 0)) for lv in ("pass", "warning", "error"))])
-    unmatched_npu = sum(1 for b in cols["Bench Name"] if b is None)
-    unmatched_bench = sum(1 for a in cols["NPU Name"] if a is None)
-    lines.append(["NPU rows without bench", unmatched_npu])
-    lines.append(["bench rows without NPU", unmatched_bench])
+    lines.append(["NPU rows without bench", _nones(cols["Bench Name"])])
+    lines.append(["bench rows without NPU", _nones(cols["NPU Name"])])
     for note in result.notes:
         lines.append(["note", note])
-    first = next((i for i, v in enumerate(verdicts) if v == "error"), None)
+    first = _first_error(verdicts)
     if first is None:
         lines.append(["first error", "none"])
     else:
@@ -78,6 +83,21 @@ def summary_rows(result: CompareResult) -> list:
             stack = load_stacks(result.stack_path).get(entry) if entry else None
         lines.append(["first error stack", stack or "(no stack.json given)"])
     return lines
+
+
+def _nones(column) -> int:
+    """How many values of ``column`` are None."""
+    return column.count(None) if type(column) is list else sum(1 for v in column if v is None)
+
+
+def _first_error(verdicts) -> int | None:
+    """The index of the first row whose verdict is "error", or None."""
+    if type(verdicts) is list:
+        try:
+            return verdicts.index("error")
+        except ValueError:
+            return None
+    return next((i for i, v in enumerate(verdicts) if v == "error"), None)
 
 
 def _row_text(row: int) -> str:
@@ -120,16 +140,17 @@ _STATUS_STYLE = {"introduces": "error", "inherits": "warning"}
 
 def _numbers(values) -> np.ndarray:
     """A number column of the Diagnosis sheet, as float64 (the writer's fast path): NaN,
-    an empty cell, for None and the infinities (a spreadsheet has none: 'inf' would be a
-    text that sorts and filters as text)."""
-    column = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    an empty cell, for None (numpy's conversion) and the infinities (a spreadsheet has
+    none: 'inf' would be a text that sorts and filters as text)."""
+    column = np.array(values, dtype=np.float64)
     column[~np.isfinite(column)] = np.nan
     return column
 
 
-def _plot(values) -> np.ndarray:
-    """Chart cells: the log axis cannot show 0 or infinity, so those are gaps."""
-    column = _numbers(values)
+def _plot(column: np.ndarray) -> np.ndarray:
+    """Chart cells of a ``_numbers`` column: the log axis cannot show 0 or infinity, so
+    those are gaps."""
+    column = column.copy()
     with np.errstate(invalid="ignore"):
         column[~(column > 0)] = np.nan
     return column
@@ -138,22 +159,25 @@ def _plot(values) -> np.ndarray:
 def diagnosis_sheet(diag) -> Sheet:
     """One row per call: its error in and out, its verdict (Status) and, where it was re-run
     on the NPU's own inputs, its local error against what a correct kernel of its dtype adds.
-    Jump (output error / input error) is empty where the input error is 0."""
+    Jump (output error / input error) is empty where the input error is 0. Each field read
+    with ``attrgetter`` over the calls (100k of them in the 100k-entry pair)."""
     calls = diag.calls
-    judged = [u.output_error is not None for u in calls]
-    cols = [[u.index + 1 for u in calls], [u.direction for u in calls],
-            [u.npu_entry for u in calls], [u.bench_entry for u in calls], [u.match for u in calls],
-            [u.module for u in calls], _numbers([u.input_error for u in calls]),
-            _numbers([u.output_error for u in calls]),
+
+    def field(name: str) -> list:
+        return list(map(attrgetter(name), calls))
+    out_err, in_err, status, local = field("output_error"), field("input_error"), field("status"), field("local")
+    judged = [e is not None for e in out_err]
+    no_local = local.count(None) == len(local)
+    out_col, in_col = _numbers(out_err), _numbers(in_err)
+    cols = [[i + 1 for i in field("index")], field("direction"), field("npu_entry"), field("bench_entry"),
+            field("match"), field("module"), in_col, out_col,
             _numbers([u.jump if j else None for u, j in zip(calls, judged)]),
             _numbers([u.threshold if j else None for u, j in zip(calls, judged)]),
-            _numbers([u.noise for u in calls]), [u.status for u in calls],
-            _numbers([u.local.local if u.local is not None else None for u in calls]),
-            _numbers([u.local.correct if u.local is not None else None for u in calls]),
-            _numbers([u.one_minus_cos for u in calls]), _numbers([u.max_rel for u in calls]),
-            _plot([u.output_error for u in calls]), _plot([u.input_error for u in calls])]
-    styles = [_STATUS_STYLE.get(u.status) for u in calls]
-    return Sheet("Diagnosis", DIAG_HEADER, cols, styles, _DIAG_WIDTHS)
+            _numbers(field("noise")), status,
+            _numbers(local if no_local else [e.local if e is not None else None for e in local]),
+            _numbers(local if no_local else [e.correct if e is not None else None for e in local]),
+            _numbers(field("one_minus_cos")), _numbers(field("max_rel")), _plot(out_col), _plot(in_col)]
+    return Sheet("Diagnosis", DIAG_HEADER, cols, list(map(_STATUS_STYLE.get, status)), _DIAG_WIDTHS)
 
 
 def _describe(label, rec, judged: bool = True) -> list:
@@ -276,7 +300,7 @@ def summary_sheet(result: CompareResult, digest: dict | None, diag) -> Sheet:
             if frame:
                 lines.insert(1, ["culprit called at", frame])
         lines += diagnosis_lines(digest)
-    first = next((i for i, v in enumerate(result.columns["Result"]) if v == "error"), None)
+    first = _first_error(result.columns["Result"])
     styles: list = [None] * len(lines)
     for k, (label, _) in enumerate(lines):
         if label == "first error" and first is not None:

@@ -6,8 +6,10 @@ took ~7x as long on the 100k-entry compare.
 from __future__ import annotations
 
 import re
+import sys
+from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import orjson
@@ -227,19 +229,79 @@ def _finite_floats(col: list):
     return None if _NULL in texts else texts
 
 
-def shared_texts(col) -> list | None:
+def _int_texts(col) -> list | None:
+    """The texts of a column of ints only (as its cells' ``<v>`` texts and its CSV fields
+    have them: ``str``), or None for any other column."""
+    if type(col) is not list or not col or type(col[0]) is not int or set(map(type, col)) != {int}:
+        return None
+    return list(map(str, col))
+
+
+def shared_texts(col, found: tuple | None = None) -> list | None:
     """A column's distinct values in order of first appearance where its texts repeat
     enough to be shared strings, else None (decided for the whole column, so that the
-    XML does not depend on how the rows are chunked)."""
-    if isinstance(col, np.ndarray) or len(set(col[:4096])) > 3072:   # numbers, unique names: no
+    XML does not depend on how the rows are chunked). ``found``: ``distinct_codes(col)``
+    where the caller has it."""
+    if found is None:
+        found = distinct_codes(col)
+    if found is None:
         return None
-    try:
-        uniq = list(dict.fromkeys(col))
-    except TypeError:                                # unhashable values: cell by cell
-        return None
+    uniq = found[0]
     if len(uniq) > len(col) >> 1 or not any(type(v) is str for v in uniq):
         return None
     return uniq
+
+
+def distinct_codes(col) -> tuple[list, bytes] | None:
+    """``codes`` of a column: its distinct values in order of first appearance and per row
+    the index of its value; None for numbers, a column of mostly unique values (names)
+    and unhashable values."""
+    if type(col) is not list:
+        col = list(col) if not isinstance(col, np.ndarray) else None
+    if col is None:
+        return None
+    try:
+        if len(set(col[:4096])) > 3072:              # unique names: no
+            return None
+        return codes(col)
+    except TypeError:                                # unhashable values: cell by cell
+        return None
+
+
+@dataclass
+class Coded:
+    """A column of few distinct values, worked out once for the whole sheet: each value's
+    cell body and CSV field, and per row the index of its value (``width`` bytes each, as
+    ``join_rows`` takes codes). Its rows are then joined by code, with no text made per
+    row (``encode_column`` made two per row in each chunk: a third of the 100k-entry
+    pair's encoding went to its dtypes, shapes, verdicts and messages)."""
+    bodies: list
+    fields: list                 # empty where the sheet has no CSV
+    codes: bytes
+    width: int
+
+    def chunk(self, lo: int, hi: int) -> bytes:
+        """The codes of rows ``lo`` to ``hi``."""
+        return self.codes[lo * self.width:hi * self.width]
+
+
+_CODED_KINDS = frozenset((str, bool, _NONE_TYPE))     # no two of them equal (unlike True and 1)
+
+
+def coded_column(col, found: tuple | None, sst: SharedStrings | None, with_csv: bool) -> Coded | None:
+    """``col`` as a ``Coded`` column where its values repeat (texts, bools, None), else
+    None. ``found``: ``distinct_codes(col)``; ``sst``: the column's shared strings
+    (``shared_texts``), or None for inline texts. Each value's cell and field are what
+    ``encode_column`` gives it in any chunk."""
+    if found is None or not len(col):
+        return None
+    uniq, codes = found
+    if not set(map(type, uniq)) <= _CODED_KINDS or len(uniq) > (
+            len(col) >> 1 if sst is not None else max(64, len(col) >> 3)):
+        return None
+    bodies = [sst.body(v) if sst is not None and type(v) is str else cell_body(v) for v in uniq]
+    fields = _fields_of(uniq) if with_csv else []
+    return Coded(bodies, fields, codes, len(codes) // len(col))
 
 
 def _fields_of(values: list) -> list:
@@ -331,15 +393,15 @@ def csv_field(value) -> str:
 
 
 def _float_runs(columns: list, prefixes: list) -> dict:
-    """start -> stop of each run of two or more adjacent float-array columns with the same
-    cell openings and no infinity in this chunk: encoded as one block (``_run_cells``)."""
+    """start -> stop of each run of adjacent float-array columns with the same cell
+    openings and no infinity in this chunk: encoded as one block (``_block_texts``); a
+    column alone too (its NaN, empty cells, were a Python step each in ``_float_column``)."""
     runs, start = {}, None
     for j in range(len(columns) + 1):
         ok = j < len(columns) and isinstance(columns[j], np.ndarray) and columns[j].dtype == np.float64 \
             and not np.isinf(columns[j]).any()
         if start is not None and not (ok and prefixes[j] == prefixes[start]):
-            if j - start >= 2:
-                runs[start] = j
+            runs[start] = j
             start = None
         if ok and start is None:
             start = j
@@ -353,6 +415,8 @@ def _block_texts(part: tuple, m: int) -> list:
     if not m:
         return []
     text, openings = part[0].decode()[2:-2], part[1]          # "a,b],[c,d"
+    if type(openings) is tuple:                               # picked per row
+        openings = _picked(openings, m)
     if openings is None:
         return (text.replace("null", "") if "null" in text else text).split("],[")
     by_opening: dict = {}
@@ -374,25 +438,66 @@ def _block_texts(part: tuple, m: int) -> list:
     return cells
 
 
+_CODE_TYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32}      # a code's bytes -> its type
+
+
+def _picked(part: tuple, m: int) -> list:
+    """The texts of a ``(texts, codes)`` part, one per row: ``texts[code]``, the codes
+    ``len(codes) // m`` bytes each (native order, as numpy writes them)."""
+    texts, codes = part
+    if not m:
+        return []
+    return list(map(texts.__getitem__, np.frombuffer(codes, _CODE_TYPES[len(codes) // m]).tolist()))
+
+
 def join_rows_py(parts: Sequence, m: int, sep: str, end: str) -> bytes:
     """``m`` rows, each the texts of ``parts`` in order (``sep`` between them, ``end``
     after), UTF-8: the C extension ``_cjoin.join_rows``'s reference, where it was not
-    built. A part: a list of the rows' texts, one text for every row, or a block of
-    numbers (``(orjson bytes, openings)``, see ``_block_texts``)."""
-    seqs = [repeat(p, m) if type(p) is str else _block_texts(p, m) if type(p) is tuple else p
+    built. A part: a list of the rows' texts, one text for every row, an int (row r
+    writes int + r), texts picked per row by codes (``(texts, codes)``, see ``_picked``),
+    or a block of numbers (``(orjson bytes, openings)``, see ``_block_texts``)."""
+    seqs = [repeat(p, m) if type(p) is str else map(str, range(p, p + m)) if type(p) is int
+            else _picked(p, m) if type(p) is tuple and type(p[0]) is list
+            else _block_texts(p, m) if type(p) is tuple else p
             for p in parts]
     rows = (map(sep.join, zip(*seqs)) if sep else map("".join, zip(*seqs))) if seqs else repeat("", m)
     return "".join(chain.from_iterable(zip(rows, repeat(end)))).encode("utf-8")
 
 
+def _code_type(n_distinct: int):
+    """The narrowest unsigned type that holds the codes of ``n_distinct`` values."""
+    return np.uint8 if n_distinct <= 1 << 8 else np.uint16 if n_distinct <= 1 << 16 else np.uint32
+
+
+def codes_py(values: Iterable) -> tuple[list, bytes]:
+    """(``values``' distinct values in order of first appearance, per value the index of
+    it as bytes, 1, 2 or 4 bytes a code as needed, native order): the C extension
+    ``_cjoin.codes``'s reference, where it was not built. ``values``: a list, or any
+    iterable (read once)."""
+    if type(values) is not list:
+        index: dict = {}
+        ids = np.fromiter((index.setdefault(v, len(index)) for v in values), np.uint32)
+        return list(index), ids.astype(_code_type(len(index))).tobytes()
+    distinct = list(dict.fromkeys(values))
+    index = dict(zip(distinct, range(len(distinct))))
+    return distinct, np.fromiter(map(index.__getitem__, values), _code_type(len(distinct)), len(values)).tobytes()
+
+
 try:
-    from ._cjoin import join_rows
+    from ._cjoin import codes, join_rows
 except ImportError:        # built without a C compiler: the same bytes, about twice the time
-    join_rows = join_rows_py
+    join_rows, codes = join_rows_py, codes_py
+
+
+def code_array(values: Iterable) -> tuple[list, np.ndarray]:
+    """(the distinct values in order of first appearance, per value its index in the
+    narrowest unsigned integer array): ``codes`` (one pass, in C where built)."""
+    distinct, raw = codes(values)
+    return distinct, np.frombuffer(raw, _code_type(len(distinct)))
 
 
 def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, shared: list,
-                with_csv: bool, heights: list | None = None) -> tuple[bytes, bytes]:
+                with_csv: bool, heights: list | None = None, coded: list | None = None) -> tuple[bytes, bytes]:
     """Sheet XML and CSV of rows (``columns``: their values, one list per column; ``lo``:
     the first one's index), joined row by row (``join_rows``) from what each column
     gives: "<row r=..>", prefix, body, ..., "</row>".  A column of finite floats gives
@@ -400,22 +505,28 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
     them, and so does a column of plain texts (``_plain_texts``); a column of one value goes whole into the (per row style) text before the
     next column; a run of float-array columns is one block of numbers that orjson
     formats at once.  ``prefixes``: per column, row style -> the cell's opening;
-    ``heights``: per row, a height in points or None (the default height)."""
+    ``heights``: per row, a height in points or None (the default height); ``coded``:
+    per column of the sheet, its ``Coded`` form (``coded_column``) or None, its rows
+    joined by code.  Where the rows' styles differ, the texts that depend on the style
+    are picked per row by the style's code."""
     m = len(columns[0]) if columns else 0
     st = styles if styles else [None] * m
     one = None if not m else st[0] if st.count(st[0]) == m else _NO_STYLE
+    keys = list(prefixes[0]) if prefixes else [None]
+    if one is _NO_STYLE:
+        where = dict(zip(keys, range(len(keys))))
+        style_codes = bytes(map(where.__getitem__, st))
 
     def per_row(by_style: dict):                 # each row's text of its style
-        return by_style[one] if one is not _NO_STYLE else list(map(by_style.__getitem__, st))
+        return by_style[one] if one is not _NO_STYLE else (list(map(by_style.__getitem__, keys)), style_codes)
     runs = _float_runs(columns, prefixes)
     if heights:
         xml_parts: list = [[f'<row r="{r}" ht="{h:g}" customHeight="1">' if h else f'<row r="{r}">'
                             for r, h in zip(range(lo + 2, lo + m + 2), heights)]]
     else:
-        xml_parts = [[f'<row r="{r}">' for r in range(lo + 2, lo + m + 2)]]
+        xml_parts = ['<row r="', lo + 2]
     csv_parts: list = []
-    keys = list(prefixes[0]) if prefixes else [None]
-    pending = dict.fromkeys(keys, "")            # per row style: text before the next part
+    pending = dict.fromkeys(keys, "" if heights else '">')   # per row style: text before the next part
     lead = ""                                    # what closes the last column's raw texts
     j = 0
     while j < len(columns):
@@ -430,6 +541,20 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
             pending, lead, j = dict.fromkeys(keys, ""), "", stop
             continue
         j += 1
+        plan = coded[j - 1] if coded else None
+        if plan is not None:
+            codes, w = plan.chunk(lo, lo + m), plan.width
+            if codes[:w] * m != codes:
+                xml_parts.append(per_row({style: pending[style] + lead + p for style, p in pre.items()}))
+                xml_parts.append((plan.bodies, codes))
+                csv_parts.append((plan.fields, codes))
+                pending, lead = dict.fromkeys(keys, ""), ""
+                continue
+            k = int.from_bytes(codes[:w], sys.byteorder)    # one value in these rows
+            pending = {style: pending[style] + lead + p + plan.bodies[k] for style, p in pre.items()}
+            csv_parts.append(plan.fields[k] if with_csv else "")
+            lead = ""
+            continue
         if _constant(chunk):
             body, field = encode_column(chunk[:1], table)
             pending = {style: pending[style] + lead + p + body[0] for style, p in pre.items()}
@@ -437,7 +562,7 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
             lead = ""
             continue
         opening, closing = "", ""                # around each raw text: its cell's body
-        if (raw := _finite_floats(chunk)) is not None:
+        if (raw := _finite_floats(chunk)) is not None or (raw := _int_texts(chunk)) is not None:
             bodies, fields, (opening, closing) = raw, raw, _NUM_AROUND
         elif table is None and (raw := _plain_texts(chunk)) is not None:
             bodies, fields, (opening, closing) = raw, _csv_texts(raw), _STR_AROUND

@@ -17,11 +17,12 @@ import zipfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from probe import lone_surrogates
 from probe.written_whole import replaced_when_written
 
-from .cells import SharedStrings, col_letter, encode_rows, esc, shared_texts
+from .cells import SharedStrings, coded_column, col_letter, distinct_codes, encode_rows, esc, shared_texts
 from .chart import write_charts
 
 logger = logging.getLogger(__name__)
@@ -173,20 +174,28 @@ def _prefixes(sheet: Sheet) -> list:
     return out
 
 
-def _shared_tables(sheet: Sheet, sst: SharedStrings | None) -> list:
+def _shared_tables(sheet: Sheet, sst: SharedStrings | None, found: list | None = None) -> list:
     """Per column: the shared-strings table if its texts repeat enough, else None.  Every
     text is registered first, column by column, so the indices do not depend on the
-    chunking of the rows."""
+    chunking of the rows. ``found``: per column, its ``distinct_codes``, where known."""
     if sst is None:
         return [None] * len(sheet.columns)
     shared = []
-    for col in sheet.columns:
-        texts = shared_texts(col)
+    for k, col in enumerate(sheet.columns):
+        texts = shared_texts(col, found[k] if found is not None else None)
         for v in texts or ():
             if type(v) is str:
                 sst.body(v)
         shared.append(sst if texts is not None else None)
     return shared
+
+
+def _column_tables(sheet: Sheet, sst: SharedStrings | None, with_csv: bool) -> tuple[list, list]:
+    """Per column: its shared-strings table or None (``_shared_tables``), and its
+    ``Coded`` form or None (``coded_column``), from one pass over each column's values."""
+    found = list(map(distinct_codes, sheet.columns))
+    shared = _shared_tables(sheet, sst, found)
+    return shared, list(map(coded_column, sheet.columns, found, shared, repeat(with_csv)))
 
 
 def _header_cell(ref: str, text) -> str:
@@ -265,19 +274,25 @@ class _ParallelDeflate:
 
 class _WriteBehind:
     """A file written on a thread of its own, in order: a write releases the GIL, and
-    the 100k-entry pair's 180 MB CSV took 0.33 s of the encoding thread to write. An
-    error of a write is raised by a later ``write`` or by ``close``."""
+    the 100k-entry pair's 180 MB CSV took 0.33 s of the encoding thread to write; a big
+    sheet's zip entry too (zipfile's CRC of its 390 MB, 0.2 s, and the handing of its
+    chunks to the deflate threads). An error of a write is raised by a later ``write``
+    or by ``wait`` / ``close``. ``ahead``: writes that may wait (each holds its data)."""
 
-    def __init__(self, fh):
+    def __init__(self, fh, name: str = "probe-csv-writer", ahead: int = 4):
         self.fh = fh
-        self.work = _InOrder(1, 4, "probe-csv-writer")
+        self.work = _InOrder(1, ahead, name)
 
     def write(self, data: bytes):
         self.work.submit(self.fh.write, data)
 
+    def wait(self):
+        """Every write done; the file stays open."""
+        self.work.finish()
+
     def close(self):
         try:
-            self.work.finish()
+            self.wait()
         finally:
             self.fh.close()
 
@@ -304,62 +319,77 @@ def _write_sheet(zf: zipfile.ZipFile, index: int, sheet: Sheet, sst: SharedStrin
                  progress=None, csv_fh: _WriteBehind | None = None) -> bool:
     """Write one sheet (its rows also to ``csv_fh``, the CSV's writer, where given);
     whether texts with lone surrogates were replaced to encode them."""
+    n = len(sheet.columns[0]) if sheet.columns else 0
+    with zf.open(f"xl/worksheets/sheet{index}.xml", "w", force_zip64=True) as fh:
+        if n <= CHUNK_ROWS:
+            return _sheet_xml(fh, sheet, sst, progress, csv_fh)
+        _deflate_in_parallel(fh, COMPRESS_LEVEL)     # before the first write; fh's close flushes and ends the pool
+        behind = _WriteBehind(fh, "probe-xlsx-writer", 2)
+        try:
+            replaced = _sheet_xml(behind, sheet, sst, progress, csv_fh)
+        except BaseException:
+            with contextlib.suppress(Exception):     # the first error is the one raised
+                behind.wait()
+            raise
+        behind.wait()
+        return replaced
+
+
+def _sheet_xml(fh, sheet: Sheet, sst: SharedStrings | None, progress, csv_fh: _WriteBehind | None) -> bool:
+    """``_write_sheet``'s XML, written to ``fh`` (the zip entry, or its writer thread)."""
     ncol = len(sheet.header)
     letters = [col_letter(i) for i in range(ncol)]
     n = len(sheet.columns[0]) if sheet.columns else 0
-    with zf.open(f"xl/worksheets/sheet{index}.xml", "w", force_zip64=True) as fh:
-        if n > CHUNK_ROWS:          # before the first write; fh's close flushes and ends the pool
-            _deflate_in_parallel(fh, COMPRESS_LEVEL)
-        parts = ['<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
-                 '<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" '
-                 'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships">'
-                 + ('<sheetPr><pageSetUpPr fitToPage="1"/></sheetPr>' if sheet.fit_width else '')
-                 + '<sheetViews><sheetView' + (' tabSelected="1"' if sheet.active else '')
-                 + ' workbookViewId="0">']
-        if sheet.freeze_header:
-            parts.append('<pane ySplit="1" topLeftCell="A2" activePane="bottomLeft" state="frozen"/>'
-                         '<selection pane="bottomLeft" activeCell="A2" sqref="A2"/>')
-        parts.append('</sheetView></sheetViews><sheetFormatPr defaultRowHeight="15"/>')
-        if sheet.widths:
-            parts.append("<cols>" + "".join(
-                f'<col min="{i + 1}" max="{i + 1}" width="{w:.1f}" customWidth="1"/>'
-                for i, w in enumerate(sheet.widths)) + "</cols>")
-        parts.append('<sheetData><row r="1">')
-        parts.extend(_header_cell(f"{letters[c]}1", h) for c, h in enumerate(sheet.header))
-        parts.append("</row>")
-        fh.write("".join(parts).encode("utf-8"))
-        prefixes, shared = _prefixes(sheet), _shared_tables(sheet, sst)
-        replaced = False
-        for lo in range(0, n, CHUNK_ROWS):
-            hi = min(n, lo + CHUNK_ROWS)
-            columns = [c[lo:hi] for c in sheet.columns]
-            styles = sheet.row_styles[lo:hi] if sheet.row_styles else None
-            heights = sheet.row_heights[lo:hi] if sheet.row_heights else None
-            try:
-                xml, text = encode_rows(columns, styles, lo, prefixes, shared, csv_fh is not None, heights)
-            except UnicodeEncodeError:        # a lone surrogate: UTF-8 has no such character
-                xml, text = encode_rows(list(map(_without_surrogates, columns)), styles, lo, prefixes,
-                                        shared, csv_fh is not None, heights)
-                replaced = True
-            fh.write(xml)
-            if csv_fh:
-                csv_fh.write(text)
-            if progress is not None:
-                progress(hi - lo)
-        tail = ["</sheetData>"]
-        if sheet.autofilter and ncol:
-            tail.append(f'<autoFilter ref="A1:{letters[-1]}{max(n + 1, 1)}"/>')
-        if sheet.links:
-            tail.append("<hyperlinks>" + "".join(
-                f'<hyperlink ref="{ref}" location="{esc(loc).replace(chr(34), "&quot;")}" display="{ref}"/>'
-                for ref, loc in sheet.links) + "</hyperlinks>")
-        if sheet.fit_width:
-            tail.append('<pageMargins left="0.5" right="0.5" top="0.6" bottom="0.6" header="0.3" footer="0.3"/>'
-                        '<pageSetup orientation="landscape" fitToWidth="1" fitToHeight="0"/>')
-        if sheet.charts:
-            tail.append('<drawing r:id="rId1"/>')
-        tail.append("</worksheet>")
-        fh.write("".join(tail).encode("utf-8"))
+    parts = ['<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+             '<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" '
+             'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships">'
+             + ('<sheetPr><pageSetUpPr fitToPage="1"/></sheetPr>' if sheet.fit_width else '')
+             + '<sheetViews><sheetView' + (' tabSelected="1"' if sheet.active else '')
+             + ' workbookViewId="0">']
+    if sheet.freeze_header:
+        parts.append('<pane ySplit="1" topLeftCell="A2" activePane="bottomLeft" state="frozen"/>'
+                     '<selection pane="bottomLeft" activeCell="A2" sqref="A2"/>')
+    parts.append('</sheetView></sheetViews><sheetFormatPr defaultRowHeight="15"/>')
+    if sheet.widths:
+        parts.append("<cols>" + "".join(
+            f'<col min="{i + 1}" max="{i + 1}" width="{w:.1f}" customWidth="1"/>'
+            for i, w in enumerate(sheet.widths)) + "</cols>")
+    parts.append('<sheetData><row r="1">')
+    parts.extend(_header_cell(f"{letters[c]}1", h) for c, h in enumerate(sheet.header))
+    parts.append("</row>")
+    fh.write("".join(parts).encode("utf-8"))
+    prefixes, (shared, coded) = _prefixes(sheet), _column_tables(sheet, sst, csv_fh is not None)
+    replaced = False
+    for lo in range(0, n, CHUNK_ROWS):
+        hi = min(n, lo + CHUNK_ROWS)
+        columns = [c[lo:hi] for c in sheet.columns]
+        styles = sheet.row_styles[lo:hi] if sheet.row_styles else None
+        heights = sheet.row_heights[lo:hi] if sheet.row_heights else None
+        try:
+            xml, text = encode_rows(columns, styles, lo, prefixes, shared, csv_fh is not None, heights, coded)
+        except UnicodeEncodeError:        # a lone surrogate: UTF-8 has no such character (no codes: texts made again)
+            xml, text = encode_rows(list(map(_without_surrogates, columns)), styles, lo, prefixes,
+                                    shared, csv_fh is not None, heights)
+            replaced = True
+        fh.write(xml)
+        if csv_fh:
+            csv_fh.write(text)
+        if progress is not None:
+            progress(hi - lo)
+    tail = ["</sheetData>"]
+    if sheet.autofilter and ncol:
+        tail.append(f'<autoFilter ref="A1:{letters[-1]}{max(n + 1, 1)}"/>')
+    if sheet.links:
+        tail.append("<hyperlinks>" + "".join(
+            f'<hyperlink ref="{ref}" location="{esc(loc).replace(chr(34), "&quot;")}" display="{ref}"/>'
+            for ref, loc in sheet.links) + "</hyperlinks>")
+    if sheet.fit_width:
+        tail.append('<pageMargins left="0.5" right="0.5" top="0.6" bottom="0.6" header="0.3" footer="0.3"/>'
+                    '<pageSetup orientation="landscape" fitToWidth="1" fitToHeight="0"/>')
+    if sheet.charts:
+        tail.append('<drawing r:id="rId1"/>')
+    tail.append("</worksheet>")
+    fh.write("".join(tail).encode("utf-8"))
     return replaced
 
 
