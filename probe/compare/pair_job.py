@@ -53,6 +53,7 @@ def compare_pair(npu_json: str, bench_json: str, output_path: str, options: Comp
 
     from .diagnosis import diagnose, mark_rows, noise_floor
     from .engine import compare_dumps
+    from .heap import give_back_free_heap
     from .reader import gc_paused
     from .report import write_report
     bar = tqdm(total=None, desc="compare: reading", unit=" rows", delay=2.0, file=sys.stderr,
@@ -75,6 +76,7 @@ def compare_pair(npu_json: str, bench_json: str, output_path: str, options: Comp
             if merged is not None:
                 merged.after_diagnosis(result, diag)
             mark_rows(result, diag)      # the rows say what the diagnosis found
+            give_back_free_heap()        # its temporaries' pages: not under the report's peak
         paths = write_report(result, output_path, tag, diag, bench2_json, html=output.html, progress=bar)
     summary = None
     if analysis.auto_analyze:
