@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 from gloo_ranks import rank_env, run_ranks
+from run_cells import clean_where_merged_calls_are_checked
 
 TIMEOUT = 240
 pytestmark = [
@@ -95,22 +96,6 @@ def _compare(npu, bench, out, layout):
     return compare_run(npu, bench, str(out), processes=1, layout=layout)
 
 
-def _clean_where_merged_calls_are_checked(cell, first, why):
-    """A pair whose calls' outputs can't be merged across ranks (statistics of a Partial
-    tensor, copies no layout merges) is "clean" only where the calls compared after them
-    agree, and its cell says so: how many (the pair's "can't tell" calls, all of this kind),
-    the first with why, how many calls checked them. None such: clean, no reason."""
-    with open(cell["report"]) as fh:
-        n = json.load(fh)["calls"]["can't tell"]
-    assert cell["verdict"] == "clean", cell
-    if first is None:
-        assert n == 0 and cell["reason"] is None, cell
-        return
-    m = re.fullmatch(rf"{n} calls? can't be judged \((their outputs|its output) can't be merged across ranks\), "
-                     rf"first {re.escape(first)} can't be merged across ranks: (.+); the (\d+) calls? compared "
-                     r"after (the last of them|it) agrees? with the bench", cell["reason"] or "")
-    assert n >= 1 and m is not None, (n, cell)
-    assert m.group(2).startswith(why) and int(m.group(3)) >= 1, cell["reason"]
 
 
 def _rows(out, step):
@@ -127,7 +112,7 @@ def test_data_parallel_against_one_device_names_nothing(run, layout, tmp_path, n
     assert s["first_divergence"] is None, s["first_divergence"]
     assert s["steps"] == [0, 1, 2] and not s["unpaired"]
     for cell in s["grid"]:    # from statistics the loss's mean over a rank's batch is Partial(avg)
-        _clean_where_merged_calls_are_checked(cell, *(("Functional.mse_loss.0.forward.output.0",
+        clean_where_merged_calls_are_checked(cell, *(("Functional.mse_loss.0.forward.output.0",
                                                        "a Partial(avg) tensor") if mode == "stats" else (None, None)))
     assert "layout file" in s["notes"][0]
     for step in (0, 1, 2):

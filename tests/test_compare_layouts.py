@@ -13,6 +13,7 @@ import sys
 
 import pytest
 from gloo_ranks import rank_env, run_ranks
+from run_cells import clean_where_merged_calls_are_checked
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="gloo on 127.0.0.1, Linux")]
 
@@ -70,22 +71,6 @@ def _pair_summary(out, step):
         return json.load(fh)
 
 
-def _clean_where_merged_calls_are_checked(cell, first, why):
-    """A pair whose calls' outputs can't be merged across ranks (statistics of a Partial
-    tensor, copies no layout merges) is "clean" only where the calls compared after them
-    agree, and its cell says so: how many (the pair's "can't tell" calls, all of this kind),
-    the first with why, how many calls checked them. None such: clean, no reason."""
-    with open(cell["report"]) as fh:
-        n = json.load(fh)["calls"]["can't tell"]
-    assert cell["verdict"] == "clean", cell
-    if first is None:
-        assert n == 0 and cell["reason"] is None, cell
-        return
-    m = re.fullmatch(rf"{n} calls? can't be judged \((their outputs|its output) can't be merged across ranks\), "
-                     rf"first {re.escape(first)} can't be merged across ranks: (.+); the (\d+) calls? compared "
-                     r"after (the last of them|it) agrees? with the bench", cell["reason"] or "")
-    assert n >= 1 and m is not None, (n, cell)
-    assert m.group(2).startswith(why) and int(m.group(3)) >= 1, cell["reason"]
 
 
 def _rows(out, step):
@@ -100,7 +85,7 @@ def test_tensor_parallel_against_one_device_names_nothing(run, tmp_path, mode):
     assert s["first_divergence"] is None, json.dumps(s["first_divergence"], default=str)[:3000]
     assert s["steps"] == [0, 1] and not s["unpaired"]
     for cell in s["grid"]:    # fc1's relu output is column-sharded and no layout says so
-        _clean_where_merged_calls_are_checked(cell, "Functional.relu.0.forward.output.0",
+        clean_where_merged_calls_are_checked(cell, "Functional.relu.0.forward.output.0",
                                               "its copies differ across ranks and neither a recorded layout "
                                               "nor the layout file says how to merge them")
     assert "merged by their layouts" in s["notes"][0]
