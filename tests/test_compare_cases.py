@@ -397,12 +397,13 @@ def test_a_nan_output_against_an_overflowing_norm_is_an_infinite_error(tmp_path)
     assert d.forward is not None and d.forward.call is call
 
 
-def test_a_one_sided_row_with_a_shape_of_no_numbers_is_listed(tmp_path):
+@pytest.mark.parametrize("shape", [[None, 4], [2 ** 63] * 17], ids=["null size", "past float64"])
+def test_a_one_sided_row_with_a_shape_of_no_numbers_is_listed(tmp_path, shape):
     """A row only one side has is listed unmatched whatever its shape holds (it is never
-    measured, so its shape is never multiplied out)."""
+    measured, so its shape is never multiplied out: 2**1071 elements is past float64)."""
     leaf = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": 1.0, "Min": -1.0,
             "Mean": 0.0, "Norm": 2.0, "requires_grad": False}
-    odd = dict(leaf, shape=[None, 4])
+    odd = dict(leaf, shape=shape)
     entry = {"input_args": [leaf], "input_kwargs": {}, "output": [leaf]}
     a = write_dump(str(tmp_path / "npu"), {}, task="statistics", extra_entries={"Functional.linear.0.forward": entry})
     b = write_dump(str(tmp_path / "bench"), {}, task="statistics", extra_entries={

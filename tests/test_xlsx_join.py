@@ -151,13 +151,16 @@ def test_encode_rows_gives_the_same_bytes_with_either_join(monkeypatch):
 def test_coded_columns_give_the_bytes_of_their_cells(monkeypatch):
     """Columns of repeated values (shared texts, inline texts, bools, None among them, one
     value) joined by code, worked out once for the sheet, give the bytes that their cells
-    made chunk by chunk give, with the C codes and their Python twin."""
+    made chunk by chunk give, with the C codes and their Python twin; a column where
+    numbers sit among bools is not coded."""
     n = 600
     header, cols, styles, _ = _sheet_columns(n)
     extra = {"dtype or none": [None if k % 5 == 0 else ("float32", "bfloat16")[k % 2] for k in range(n)],
              "grad": [None if k % 4 == 0 else k % 3 == 0 for k in range(n)],
              "hostile": [("=1+1", "a,b", " x ", "ok", 'say "y"')[k % 5] for k in range(n)],
-             "one": ["exact"] * n}
+             "one": ["exact"] * n,
+             # 1 == True and 0.0 == False: one code would write the number as a bool
+             "bools and numbers": [(True, 1, False, 0.0, None)[k % 5] for k in range(n)]}
     header, cols = header + list(extra), cols + list(extra.values())
     sheet = Sheet("rows", header, cols, styles, percent_columns={"pa", "pb"}, wrap_columns={"name"})
     prefixes = sheets._prefixes(sheet)

@@ -402,8 +402,8 @@ static PyObject *c_entry_rows(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_RuntimeError, "_cflat.init was not called");
         return NULL;
     }
-    if (nargs != 4 || !PyList_CheckExact(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "entry_rows(entry_name, entry, out: list, store)");
+    if (nargs != 4 || !PyUnicode_Check(args[0]) || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "entry_rows(entry_name: str, entry, out: list, store)");
         return NULL;
     }
     pending_t p = {args[3], NULL, 0, 0, 0};
@@ -468,7 +468,7 @@ static PyObject *c_side_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
             plain = params == Entry_unset;
             Py_DECREF(params);
         }
-        if (plain)
+        if (plain && PyUnicode_Check(name))     /* (a JSON key is text: the check is for other callers) */
             r = entry_rows(name, entry, out, &p);
         else {
             PyObject *a[3] = {name, entry, p.store};
@@ -519,7 +519,15 @@ static PyObject *c_fields(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (m > 32)
         m = -1;
     for (Py_ssize_t i = 0; i < n && m >= 0; i++) {
+        if (PyList_GET_SIZE(rows) != n) {     /* an attribute read ran Python code (a property) that did it */
+            for (Py_ssize_t jj = 0; jj < m; jj++)
+                Py_XDECREF(descrs[jj]);
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_RuntimeError, "fields: the rows changed size while read");
+            return NULL;
+        }
         PyObject *row = PyList_GET_ITEM(rows, i);
+        Py_INCREF(row);              /* held while its attributes are read */
         if (row != Py_None && known == NULL) {
             known = Py_TYPE(row);
             for (Py_ssize_t j = 0; j < m; j++) {
@@ -543,11 +551,13 @@ static PyObject *c_fields(PyObject *self, PyObject *const *args, Py_ssize_t narg
             if (v == NULL) {
                 for (Py_ssize_t jj = 0; jj < m; jj++)
                     Py_XDECREF(descrs[jj]);
+                Py_DECREF(row);
                 Py_DECREF(out);
                 return NULL;
             }
             PyList_SET_ITEM(PyTuple_GET_ITEM(out, j), i, v);
         }
+        Py_DECREF(row);
     }
     for (Py_ssize_t j = 0; j < m; j++)
         Py_XDECREF(descrs[j]);

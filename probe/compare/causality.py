@@ -144,6 +144,11 @@ def timeline(diag) -> Timeline:
     return t
 
 
+def cant_tell_text(count: int, first: str, reason: str) -> str:
+    """How calls statistics can't tell are said, in a pair's verdict and in a run's cell."""
+    return f"{count} call{'s' if count > 1 else ''} can't be told from statistics, first {first}: {reason}"
+
+
 def _unsure(calls) -> Unsure | None:
     if not calls:
         return None
@@ -203,8 +208,7 @@ def unjudged_calls(t: Timeline) -> Cell:
     n = t.cant_tell.count if t.cant_tell else 0
     parts = []
     if t.cant_tell is not None:
-        parts.append(f"{n} call{'s' if n > 1 else ''} can't be told from statistics, first "
-                     f"{t.cant_tell.first}: {t.cant_tell.reason}")
+        parts.append(cant_tell_text(n, t.cant_tell.first, t.cant_tell.reason))
     u = t.unmerged
     checked = u is not None and t.agree_after > 0 and not t.differ_after
     if u is not None:

@@ -48,7 +48,7 @@ from .coverage import Coverage, coverage
 from .draws import DrawCheck
 from .local_error import LocalError, Replays
 from .normalized_norm import NormCheck, norm_check
-from .rows import field_of, numels, stats_of
+from .rows import field_of, numel_array, numels, stats_of
 from probe.precheck.entries import DROPOUT_ARGS, ApiEntry, parse_name
 from probe.python_compat import SLOTS
 from probe.tolerances import tolerance_for
@@ -442,11 +442,11 @@ class _RowFacts:
         taken = paired & bench_tensor
         # paired tensors only: a one-sided row's shape is never multiplied (it may not be numbers)
         if taken.all():
-            bench_numel = _numels(shape_b)
+            bench_numel = numel_array(shape_b)
         else:
             bench_numel = np.zeros(n, dtype=np.float64)
             counted = np.flatnonzero(taken)
-            bench_numel[counted] = _numels(list(map(shape_b.__getitem__, counted.tolist())))
+            bench_numel[counted] = numel_array(list(map(shape_b.__getitem__, counted.tolist())))
         npu_stats, bench_stats = stats_of(A), stats_of(B)
         part = np.where(paired & (npu_io >= _IO_CODE["output"]), _OUT,
                         np.where(paired & (npu_io >= 1), _IN, 0)).astype(np.int8)
@@ -455,15 +455,6 @@ class _RowFacts:
                    taken & (npu_io == _IO_CODE["output"]) & same_shape, same_shape, npu_stats, bench_stats,
                    np.where(taken, bench_stats[:, 3], np.nan), bench_numel, A, B, has_npu, has_bench,
                    tol_names, tol_code, floor)
-
-
-def _numels(shapes: list) -> np.ndarray:
-    """``rows.numels`` of ``shapes`` as float64, worked out per distinct shape in C (``codes``)."""
-    try:
-        distinct, code = codes(shapes)
-    except TypeError:               # a malformed (nested, unhashable) shape
-        return np.array(numels(shapes), dtype=np.float64)
-    return np.array(numels(distinct) or [0], dtype=np.float64)[code]
 
 
 def _per_call(n_calls: int, unit: np.ndarray, values: np.ndarray, empty=-np.inf) -> np.ndarray:

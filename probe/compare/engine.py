@@ -27,7 +27,7 @@ from .construct import load_modules
 from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
 from .reader import DumpMeta, gc_paused, read_dump
-from .rows import Row, direction, field_of, fields_of, flatten, numels, side_rows, stats_in
+from .rows import Row, direction, field_of, fields_of, flatten, numel_array, numels, side_rows, stats_in
 from .tensors import load, resolve
 from probe.errors import DumpError
 from probe.tolerances import tolerance_for
@@ -519,7 +519,7 @@ def _judge_by_statistics(t: Table, stat_rows: list):
     cls = lut[run]
     del run
     tol_of = [vd.TOLERANCES.get(name) or vd.TOLERANCES["float32"] for name in classes]
-    numel = _numels(t.fields[1]["shape"])[ri]
+    numel = numel_array(list(map(t.fields[1]["shape"].__getitem__, ri.tolist())))   # the judged rows' only
     ns, bs = t.npu_st[sel], t.bench_st[sel]
     ratio = stat_tolerance_ratio(ns, bs, numel, np.array([x.rtol for x in tol_of])[cls],
                                  np.array([x.floor for x in tol_of])[cls])
@@ -654,14 +654,6 @@ def _directions(entries: list) -> list:
         return direction(entry)
 
     return list(map(_Memo(one).__getitem__, entries))
-
-
-def _numels(shapes: list) -> np.ndarray:
-    """``Row.numel`` of each shape as float64, worked out once per distinct shape (the
-    shapes are shared tuples, rows.py: found by identity)."""
-    distinct = dict(zip(map(id, shapes), shapes))
-    numel = dict(zip(distinct, numels(list(distinct.values()))))
-    return np.fromiter(map(numel.__getitem__, map(id, shapes)), np.float64, len(shapes))
 
 
 def _present(kinds: list) -> np.ndarray:

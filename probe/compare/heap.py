@@ -3,7 +3,7 @@
 The diagnosis of a big pair makes and drops large temporaries (arrays over 100k calls,
 lists over 700k rows); glibc's allocator keeps the freed pages in the process, so the
 report's own allocations were counted on top of them: the 100k-entry yardstick's peak
-went from ~590 to ~625 MB with the diagnosis done over columns, back to ~600 with the
+went from ~590 to 624 MB with the diagnosis done over columns, back to 590 with the
 heap trimmed between the two (bench/compare.py prints the peak). Nothing is freed that
 is in use; where the C library has no ``malloc_trim`` (musl, macOS, Windows) this does
 nothing.
@@ -12,27 +12,21 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
-
-log = logging.getLogger(__name__)
-_trim = None
+import functools
 
 
-def _find_trim():
-    global _trim
-    if _trim is None:
-        _trim = False
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-            _trim = getattr(libc, "malloc_trim", False)
-        except (OSError, AttributeError):   # no C library to load: nothing to give back
-            log.debug("no malloc_trim here")
-    return _trim
+@functools.lru_cache(maxsize=None)
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None where the C library has none or cannot be loaded."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or None), "malloc_trim", None)
+    except OSError:
+        return None
 
 
 def give_back_free_heap() -> None:
     """Return the free pages at the heap's top and inside it to the system (~10 ms after the
     100k-entry pair's diagnosis)."""
-    trim = _find_trim()
-    if trim:
+    trim = _malloc_trim()
+    if trim is not None:
         trim(0)

@@ -8,6 +8,7 @@ come inputs, parameters, outputs: msprobe's order, so its users read the same ta
 from __future__ import annotations
 
 import math
+import sys
 from array import array
 from itertools import repeat
 from operator import attrgetter, is_
@@ -27,7 +28,6 @@ _NAN = float("nan")
 _WIDTH = len(STAT_KEYS)               # statistics a row has, in the order of STAT_KEYS
 _NO_STATS = (_NAN,) * _WIDTH
 _stats_of_leaf = attrgetter(*STAT_KEYS)
-_STORE, _K = attrgetter("store"), attrgetter("k")
 
 
 class Row(msgspec.Struct, gc=False, eq=False):
@@ -84,25 +84,7 @@ class Row(msgspec.Struct, gc=False, eq=False):
 def stats_of(rows: list) -> np.ndarray:
     """``len(rows)`` x ``len(STAT_KEYS)`` statistics, NaN for a None row or a row without
     statistics; the rows of one side are read from its store at once."""
-    out = np.full((len(rows), _WIDTH), np.nan)
-    store = next((r.store for r in rows if r is not None and r.store is not None), None)
-    if store is None:
-        return out
-    try:
-        stores = list(map(_STORE, rows))          # in C; AttributeError: a None among them
-    except AttributeError:
-        stores = []
-    if stores and all(map(is_, stores, repeat(store))):   # the usual case: every row in one store
-        out[:] = np.frombuffer(store, dtype=np.float64).reshape(-1, _WIDTH)[
-            np.fromiter(map(_K, rows), np.int64, len(rows))]
-        return out
-    ks = np.array([(r.k if r.store is store else -2) if r is not None and r.store is not None else -1
-                   for r in rows], dtype=np.int64)
-    hit = ks >= 0
-    out[hit] = np.frombuffer(store, dtype=np.float64).reshape(-1, _WIDTH)[ks[hit]]
-    for i in np.flatnonzero(ks == -2).tolist():        # rows of another store
-        out[i] = rows[i].stats
-    return out
+    return stats_in(*fields_of(rows, ("store", "k")))
 
 
 def numels(shapes) -> list:
@@ -119,6 +101,17 @@ def numels(shapes) -> list:
             n = memo[s] = _numel(s)
         out.append(n)
     return out
+
+
+_FLOAT_MAX = sys.float_info.max      # a larger element count reads as inf (a garbage shape)
+
+
+def numel_array(shapes: list) -> np.ndarray:
+    """``numels`` of ``shapes`` as float64, inf past float64's range; each distinct shape
+    object worked out once (a side's rows share one tuple per distinct shape)."""
+    distinct = dict(zip(map(id, shapes), shapes))
+    numel = {k: n if n <= _FLOAT_MAX else math.inf for k, n in zip(distinct, numels(list(distinct.values())))}
+    return np.fromiter(map(numel.__getitem__, map(id, shapes)), np.float64, len(shapes))
 
 
 def _numel(shape) -> int:

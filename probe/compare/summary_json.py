@@ -9,6 +9,7 @@ import json
 import math
 from collections import Counter
 
+from .causality import cant_tell_text
 from .diagnosis import N_STATE
 from .engine import load_stacks
 from .dump_tree import step_of
@@ -142,8 +143,8 @@ def verdict_text(diag, primary) -> str:
     caveat = []
     if unsure:
         first = unsure[0]
-        caveat.append(f"{len(unsure)} call{'s' if len(unsure) > 1 else ''} can't be told from statistics, first "
-                      f"{first.name}: {first.reason}; dump tensors to judge {'them' if len(unsure) > 1 else 'it'}")
+        caveat.append(f"{cant_tell_text(len(unsure), first.name, first.reason)}; "
+                      f"dump tensors to judge {'them' if len(unsure) > 1 else 'it'}")
     if gaps:
         compared = diag.coverage.compared
         seen = ([f"among the {compared} call{'s' if compared > 1 else ''} compared none "

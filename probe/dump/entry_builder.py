@@ -187,12 +187,12 @@ class EntryBuilder:
         if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
             rows = self.cache.step_stats
             # a foreach op's list on CUDA: its tensors' rows in two launches
-            if rows is not None and len(v) > 1 and rows.prefetch(v):
-                try:
-                    return [self.describe(x, summaries, file_stem and f"{file_stem}.{i}") for i, x in enumerate(v)]
-                finally:
+            started = rows is not None and len(v) > 1 and rows.prefetch(v)
+            try:
+                return [self.describe(x, summaries, file_stem and f"{file_stem}.{i}") for i, x in enumerate(v)]
+            finally:
+                if started:
                     rows.forget_prefetched()
-            return [self.describe(x, summaries, file_stem and f"{file_stem}.{i}") for i, x in enumerate(v)]
         if isinstance(v, dict):
             return {k: self.describe(x, summaries, file_stem and f"{file_stem}.{k}") for k, x in v.items()}
         return describe_value(v)

@@ -296,9 +296,12 @@ def coded_column(col, found: tuple | None, sst: SharedStrings | None, with_csv: 
     if found is None or not len(col):
         return None
     uniq, codes = found
-    if not set(map(type, uniq)) <= _CODED_KINDS or len(uniq) > (
+    kinds = set(map(type, uniq))
+    if not kinds <= _CODED_KINDS or len(uniq) > (
             len(col) >> 1 if sst is not None else max(64, len(col) >> 3)):
         return None
+    if bool in kinds and not set(map(type, col)) <= _CODED_KINDS:
+        return None         # a 1 or 0.0 among the bools took True's or False's code: cell by cell
     bodies = [sst.body(v) if sst is not None and type(v) is str else cell_body(v) for v in uniq]
     fields = _fields_of(uniq) if with_csv else []
     return Coded(bodies, fields, codes, len(codes) // len(col))
