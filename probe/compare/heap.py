@@ -3,7 +3,7 @@
 The diagnosis of a big pair makes and drops large temporaries (arrays over 100k calls,
 lists over 700k rows); glibc's allocator keeps the freed pages in the process, so the
 report's own allocations were counted on top of them: the 100k-entry yardstick's peak
-went from ~590 to 624 MB with the diagnosis done over columns, back to 590 with the
+went from ~590 to 624 MB with the diagnosis done over columns, back to 590-602 with the
 heap trimmed between the two (bench/compare.py prints the peak). Nothing is freed that
 is in use; where the C library has no ``malloc_trim`` (musl, macOS, Windows) this does
 nothing.
