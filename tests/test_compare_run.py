@@ -259,3 +259,10 @@ def test_calls_not_judged_keep_a_step_from_clean():
     assert cells[3].reason == said + "no call compared after it checks it; dump tensors to judge it"
     assert cells[4].reason.startswith("2 calls can't be told") and cells[4].reason.endswith("judge them")
     assert cells[5].reason == ""
+    # a step that could not be compared says why first, then what its compared calls could not tell
+    gap = "the NPU dump stops at entry 120 of 400 (incomplete_dump)"
+    cells = judge_step({0: Timeline(None, not_judged=gap, cant_tell=numbers), 1: Timeline(None, not_judged=gap)})
+    assert (cells[0].verdict, cells[1].verdict) == ("not_compared", "not_compared")
+    assert cells[0].reason == (gap + "; 2 calls can't be told from statistics, first Torch.addmm.3.forward: its "
+                               "output statistics differ by 0.05; dump tensors to judge them")
+    assert cells[1].reason == gap

@@ -174,7 +174,10 @@ def judge_step(timelines: dict) -> dict:
             continue
         m = t.first
         if m is None:          # clean only where the pair's compare could judge its step
-            cells[r] = Cell("not_compared", reason=t.not_judged) if t.not_judged else unjudged_calls(t)
+            calls = unjudged_calls(t)
+            # a step not compared says so first, and then what its compared calls could not tell
+            cells[r] = Cell("not_compared", reason="; ".join(filter(None, (t.not_judged, calls.reason)))) \
+                if t.not_judged else calls
             continue
         sources = sorted((m2.order, r2) for r2, m2 in marks.items() if r2 != r and m2.reaches <= m.sees)
         if sources:
