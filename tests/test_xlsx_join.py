@@ -71,6 +71,65 @@ def test_the_c_join_gives_the_python_join_bytes(m):
 
 
 @needs_c
+@pytest.mark.parametrize("m", [0, 1, 300])
+def test_rows_prepared_then_joined_on_another_thread_give_the_python_join_bytes(m):
+    """``_cjoin.rows`` checks the parts at once and joins them later, on any thread (the
+    GIL released while it copies): the bytes of the Python join, each time it is joined."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from probe.compare.xlsx._cjoin import rows
+
+    rng = np.random.default_rng(m + 1)
+    xml = _parts(rng, m)
+    fields = [(p[0], None) if isinstance(p, tuple) and isinstance(p[0], bytes) else p for p in xml]
+    prepared = [(rows(xml, m, "", ""), cells.join_rows_py(xml, m, "", "")),
+                (rows(fields, m, ",", "\r\n"), cells.join_rows_py(fields, m, ",", "\r\n"))]
+    with ThreadPoolExecutor(4) as pool:
+        joined = list(pool.map(lambda r: r[0].join(), prepared * 8))
+    assert joined == [want for _, want in prepared * 8]
+    assert [r.join() for r, _ in prepared] == [want for _, want in prepared]
+
+
+@needs_c
+def test_rows_raise_a_bad_text_when_prepared_not_when_joined():
+    """What cannot be joined is said where the rows are made (the encoding thread): a lone
+    surrogate as the UnicodeEncodeError the writer catches to replace it, a non-text as a
+    TypeError, a block short of rows when joined."""
+    from probe.compare.xlsx._cjoin import rows
+
+    with pytest.raises(UnicodeEncodeError):
+        rows([["ok", "bad \ud800"]], 2, "", "")
+    with pytest.raises(UnicodeEncodeError):
+        rows([(["ok", "\udfff"], bytes([0, 1]))], 2, "", "")
+    with pytest.raises(TypeError, match="must be str"):
+        rows([["ok", 3]], 2, "", "")
+    short = rows([(orjson.dumps(np.ones((1, 2)), option=orjson.OPT_SERIALIZE_NUMPY), "<c")], 2, "", "")
+    with pytest.raises(ValueError, match="fewer rows"):
+        short.join()
+
+
+def test_prepared_rows_give_the_joined_rows_with_either_join(monkeypatch):
+    """``cells.prepared_rows`` (joined later, on the writer's thread) gives the bytes of
+    ``encode_rows``, with the C rows and with the Python join (joined at once)."""
+    n = 600
+    header, cols, styles, heights = _sheet_columns(n)
+    sheet = Sheet("rows", header, cols, styles, percent_columns={"pa", "pb"}, wrap_columns={"name"})
+    prefixes = sheets._prefixes(sheet)
+    shared = sheets._shared_tables(sheet, cells.SharedStrings())
+    joins = [cells.join_rows_py] + ([c_join] if c_join is not None else [])
+    for lo, hi in ((0, 1), (250, 600)):
+        args = ([c[lo:hi] for c in cols], styles[lo:hi], lo, prefixes, shared, True, heights[lo:hi])
+        want = cells.encode_rows(*args)
+        for join in joins:
+            monkeypatch.setattr(cells, "join_rows", join)
+            xml, text = cells.prepared_rows(*args)
+            assert (xml.join(), text.join()) == want
+            assert isinstance(xml, cells.Joined) == (join is cells.join_rows_py)
+        xml, text = cells.prepared_rows(*args[:5], False, args[6])
+        assert text is None and xml.join() == want[0]
+
+
+@needs_c
 def test_the_c_join_writes_cells_and_fields_as_documented():
     block = orjson.dumps(np.array([[1.5, np.nan], [-0.0, 2e-7]]), option=orjson.OPT_SERIALIZE_NUMPY)
     assert c_join([["<a>", "<b>"], (block, ['<c s="2"', "<c"]), "|"], 2, "", "\n") == (

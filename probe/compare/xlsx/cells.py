@@ -9,7 +9,7 @@ import re
 import sys
 from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import orjson
@@ -486,10 +486,35 @@ def codes_py(values: Iterable) -> tuple[list, bytes]:
     return distinct, np.fromiter(map(index.__getitem__, values), _code_type(len(distinct)), len(values)).tobytes()
 
 
+class Joined:
+    """Rows already joined: what ``prepare_rows`` gives where the C join is not used."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def join(self) -> bytes:
+        return self.data
+
+
+_c_rows: Callable | None
 try:
     from ._cjoin import codes, join_rows
+    from ._cjoin import rows as _c_rows
 except ImportError:        # built without a C compiler: the same bytes, about twice the time
-    join_rows, codes = join_rows_py, codes_py
+    join_rows, codes, _c_rows = join_rows_py, codes_py, None
+_c_join_rows = join_rows
+
+
+def prepare_rows(parts: Sequence, m: int, sep: str, end: str):
+    """``join_rows``'s rows, to be joined by the returned object's ``join()``: with the C
+    join, the parts are checked and their texts' UTF-8 made now (an error, a lone
+    surrogate's UnicodeEncodeError too, is raised here), and ``join()`` copies them on any
+    thread with the GIL released (a writer thread joins a sheet's rows while this one
+    encodes the next: the join was a third of the 100k-entry pair's sheet encoding); the
+    parts must not change until then. Otherwise the rows are joined now (``Joined``)."""
+    if _c_rows is not None and join_rows is _c_join_rows:
+        return _c_rows(parts, m, sep, end)
+    return Joined(join_rows(parts, m, sep, end))
 
 
 def code_array(values: Iterable) -> tuple[list, np.ndarray]:
@@ -501,12 +526,28 @@ def code_array(values: Iterable) -> tuple[list, np.ndarray]:
 
 def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, shared: list,
                 with_csv: bool, heights: list | None = None, coded: list | None = None) -> tuple[bytes, bytes]:
-    """Sheet XML and CSV of rows (``columns``: their values, one list per column; ``lo``:
-    the first one's index), joined row by row (``join_rows``) from what each column
-    gives: "<row r=..>", prefix, body, ..., "</row>".  A column of finite floats gives
-    just the numbers' texts, its "><v>" and "</v></c>" going with the prefixes around
-    them, and so does a column of plain texts (``_plain_texts``); a column of one value goes whole into the (per row style) text before the
-    next column; a run of float-array columns is one block of numbers that orjson
+    """Sheet XML and CSV of rows (``row_parts``), joined."""
+    xml, text, m = row_parts(columns, styles, lo, prefixes, shared, with_csv, heights, coded)
+    return join_rows(xml, m, "", ""), join_rows(text, m, ",", "\r\n") if with_csv else b""
+
+
+def prepared_rows(columns: list, styles: list | None, lo: int, prefixes: list, shared: list,
+                  with_csv: bool, heights: list | None = None, coded: list | None = None) -> tuple:
+    """``encode_rows``'s XML and CSV (None without a CSV) as ``prepare_rows`` objects, to
+    be joined on the thread that writes them."""
+    xml, text, m = row_parts(columns, styles, lo, prefixes, shared, with_csv, heights, coded)
+    return prepare_rows(xml, m, "", ""), prepare_rows(text, m, ",", "\r\n") if with_csv else None
+
+
+def row_parts(columns: list, styles: list | None, lo: int, prefixes: list, shared: list,
+              with_csv: bool, heights: list | None = None, coded: list | None = None) -> tuple[list, list, int]:
+    """(``join_rows``'s parts of the sheet XML, of the CSV, the number of rows) of rows
+    (``columns``: their values, one list per column; ``lo``: the first one's index), to be
+    joined row by row from what each column gives: "<row r=..>", prefix, body, ...,
+    "</row>".  A column of finite floats gives just the numbers' texts, its "><v>" and
+    "</v></c>" going with the prefixes around them, and so does a column of plain texts
+    (``_plain_texts``); a column of one value goes whole into the (per row style) text
+    before the next column; a run of float-array columns is one block of numbers that orjson
     formats at once.  ``prefixes``: per column, row style -> the cell's opening;
     ``heights``: per row, a height in points or None (the default height); ``coded``:
     per column of the sheet, its ``Coded`` form (``coded_column``) or None, its rows
@@ -576,4 +617,4 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
         csv_parts.append(fields)
         pending, lead = dict.fromkeys(keys, ""), closing
     xml_parts.append(per_row({style: t + lead + "</row>" for style, t in pending.items()}))
-    return join_rows(xml_parts, m, "", ""), join_rows(csv_parts, m, ",", "\r\n") if with_csv else b""
+    return xml_parts, csv_parts, m
