@@ -326,6 +326,18 @@ def _csv_texts(texts: list) -> list:
     return list(map(csv_field, texts)) if "," in joined or '"' in joined else texts
 
 
+_ASCII_PRINTABLE = bytes(range(0x20, 0x7F))
+
+
+def _printable(text: str) -> bool:
+    """``text.isprintable()``: for ASCII, as its bytes with the printable ones deleted (a
+    table lookup a byte, a fifth of the time of a Unicode lookup a character: the
+    100k-entry pair's names were 0.09 s of it)."""
+    if text.isascii():
+        return not text.encode("ascii").translate(None, _ASCII_PRINTABLE)
+    return text.isprintable()
+
+
 def _plain_texts(col: list) -> list | None:
     """A column of texts that go into their cells as they are (no escaping, cutting or
     kept edge spaces: a name, a message), or None.  Their cells are then the texts
@@ -337,7 +349,7 @@ def _plain_texts(col: list) -> list | None:
         joined = "".join(col)
     except TypeError:                                # None or other values among them
         return None
-    if not joined.isprintable() or "&" in joined or "<" in joined or ">" in joined:
+    if not _printable(joined) or "&" in joined or "<" in joined or ">" in joined:
         return None
     if len(joined) > 32000 and max(map(len, col)) > 32000:
         return None
