@@ -14,10 +14,9 @@ import os
 import shutil
 import time
 from collections import Counter
-from operator import attrgetter
-
 import numpy as np
 
+from .call_fields import CallFields
 from .engine import PERCENT_COLUMNS, CompareResult, load_stacks
 from . import summary_json
 from .html_report import user_frame
@@ -156,23 +155,21 @@ def _plot(column: np.ndarray) -> np.ndarray:
     return column
 
 
-def diagnosis_sheet(diag) -> Sheet:
+def diagnosis_sheet(diag, fields: CallFields | None = None) -> Sheet:
     """One row per call: its error in and out, its verdict (Status) and, where it was re-run
     on the NPU's own inputs, its local error against what a correct kernel of its dtype adds.
     Jump (output error / input error) is empty where the input error is 0. Each field read
-    with ``attrgetter`` over the calls (100k of them in the 100k-entry pair)."""
+    with ``attrgetter`` over the calls (100k of them in the 100k-entry pair); ``fields``:
+    the calls' ``CallFields`` where the report shares them (the page reads them too)."""
     calls = diag.calls
-
-    def field(name: str) -> list:
-        return list(map(attrgetter(name), calls))
+    field = fields if fields is not None else CallFields(calls)
     out_err, in_err, status, local = field("output_error"), field("input_error"), field("status"), field("local")
-    judged = [e is not None for e in out_err]
     no_local = local.count(None) == len(local)
     out_col, in_col = _numbers(out_err), _numbers(in_err)
     cols = [[i + 1 for i in field("index")], field("direction"), field("npu_entry"), field("bench_entry"),
             field("match"), field("module"), in_col, out_col,
-            _numbers([u.jump if j else None for u, j in zip(calls, judged)]),
-            _numbers([u.threshold if j else None for u, j in zip(calls, judged)]),
+            _numbers([u.jump if e is not None else None for u, e in zip(calls, out_err)]),
+            _numbers(field.judged_thresholds()),
             _numbers(field("noise")), status,
             _numbers(local if no_local else [e.local if e is not None else None for e in local]),
             _numbers(local if no_local else [e.correct if e is not None else None for e in local]),
@@ -362,8 +359,9 @@ def _write_files(result, diag, digest, stem: str, files: WrittenTogether, html: 
                  csv_path=files.path(csv_path))
     summary = summary_sheet(result, digest, diag)
     sheets = [main, summary]
+    fields = CallFields(diag.calls) if diag is not None else None      # read once: the sheet's and the page's
     if diag is not None and digest is not None:
-        diag_sheet = diagnosis_sheet(diag)
+        diag_sheet = diagnosis_sheet(diag, fields)
         sheets.append(diag_sheet)
         n = len(diag_sheet.columns[0])
         if n:
@@ -390,7 +388,7 @@ def _write_files(result, diag, digest, stem: str, files: WrittenTogether, html: 
             progress.update(0)
         page = os.path.join(d, base.replace("compare_result", "compare_report", 1) + ".html")
         write_page(result, diag, digest, files.path(page),
-                   {"xlsx": xlsx_path, "json": json_path if digest is not None else None})
+                   {"xlsx": xlsx_path, "json": json_path if digest is not None else None}, fields)
         paths.append(page)
     if digest is not None:
         summary_json.write(files.path(json_path), digest)
