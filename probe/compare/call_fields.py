@@ -11,16 +11,21 @@ from operator import attrgetter
 
 class CallFields:
     """Per field name, the list of that field over ``calls`` (``attrgetter`` mapped in C),
-    read at the first ask and kept while this object lives."""
+    read at the first ask and kept while this object lives (the page is the report's
+    peak of memory: what only the sheet reads is not kept for it)."""
 
     def __init__(self, calls: list):
         self.calls = calls
         self.read: dict = {}
 
-    def __call__(self, name: str) -> list:
+    def __call__(self, name: str, keep: bool = True) -> list:
+        """The field's list; ``keep``: whether to keep it for a later ask (another part of
+        the report reads it too)."""
         column = self.read.get(name)
         if column is None:
-            column = self.read[name] = list(map(attrgetter(name), self.calls))
+            column = list(map(attrgetter(name), self.calls))
+            if keep:
+                self.read[name] = column
         return column
 
     def judged_thresholds(self) -> list:

@@ -18,6 +18,7 @@ import numpy as np
 
 from .call_fields import CallFields
 from .engine import PERCENT_COLUMNS, CompareResult, load_stacks
+from .heap import give_back_free_heap
 from . import summary_json
 from .html_report import user_frame
 from .xlsx import LineChart, Sheet, write_workbook
@@ -163,17 +164,19 @@ def diagnosis_sheet(diag, fields: CallFields | None = None) -> Sheet:
     the calls' ``CallFields`` where the report shares them (the page reads them too)."""
     calls = diag.calls
     field = fields if fields is not None else CallFields(calls)
-    out_err, in_err, status, local = field("output_error"), field("input_error"), field("status"), field("local")
+    out_err, in_err, status = field("output_error"), field("input_error"), field("status")
+    local = field("local", keep=False)           # (the fields only this sheet shows: not kept for the page)
     no_local = local.count(None) == len(local)
     out_col, in_col = _numbers(out_err), _numbers(in_err)
     cols = [[i + 1 for i in field("index")], field("direction"), field("npu_entry"), field("bench_entry"),
-            field("match"), field("module"), in_col, out_col,
+            field("match", keep=False), field("module"), in_col, out_col,
             _numbers([u.jump if e is not None else None for u, e in zip(calls, out_err)]),
             _numbers(field.judged_thresholds()),
-            _numbers(field("noise")), status,
+            _numbers(field("noise", keep=False)), status,
             _numbers(local if no_local else [e.local if e is not None else None for e in local]),
             _numbers(local if no_local else [e.correct if e is not None else None for e in local]),
-            _numbers(field("one_minus_cos")), _numbers(field("max_rel")), _plot(out_col), _plot(in_col)]
+            _numbers(field("one_minus_cos", keep=False)), _numbers(field("max_rel", keep=False)),
+            _plot(out_col), _plot(in_col)]
     return Sheet("Diagnosis", DIAG_HEADER, cols, list(map(_STATUS_STYLE.get, status)), _DIAG_WIDTHS)
 
 
@@ -350,34 +353,18 @@ def _encodable(digest: dict, folder: str) -> dict:
 def _write_files(result, diag, digest, stem: str, files: WrittenTogether, html: bool, progress) -> list:
     """Write the compare's files, each to ``files.path`` (renamed when all are done);
     return their final paths: xlsx, csv, page, summary json."""
-    cols = result.columns
-    header = list(cols)
-    styles = [None if v == "pass" else v for v in cols["Result"]]
     xlsx_path, csv_path = stem + ".xlsx", stem + ".csv"
-    main = Sheet(MAIN_SHEET, header, [cols[h] for h in header], styles, _widths(header, cols),
-                 {h for h in header if h in PERCENT_COLUMNS and result.mode == "statistics"},
-                 csv_path=files.path(csv_path))
-    summary = summary_sheet(result, digest, diag)
-    sheets = [main, summary]
     fields = CallFields(diag.calls) if diag is not None else None      # read once: the sheet's and the page's
-    if diag is not None and digest is not None:
-        diag_sheet = diagnosis_sheet(diag, fields)
-        sheets.append(diag_sheet)
-        n = len(diag_sheet.columns[0])
-        if n:
-            col = DIAG_HEADER.index
-            top = len(summary.columns[0]) + 2          # below the text, not over it
-            summary.charts.append(LineChart(
-                "Error along the call sequence (log scale; gaps = no error)",
-                ("Diagnosis", col("#"), 2, n + 1),
-                [("output error", "Diagnosis", col("Plot Output Error"), 2, n + 1),
-                 ("input error", "Diagnosis", col("Plot Input Error"), 2, n + 1)],
-                anchor=(0, top, 2, top + 28), x_title="call # (Diagnosis sheet)",
-                y_title=digest["error_measure"], log_y=True))
+    sheets = _sheets(result, diag, digest, fields, files.path(csv_path))
     if progress is not None:
         progress.set_description("compare: writing xlsx", refresh=False)
         progress.total = sum(len(s.columns[0]) if s.columns else 0 for s in sheets)
     write_workbook(files.path(xlsx_path), sheets, progress.update if progress is not None else None)
+    # the sheets' own columns, and what the workbook's threads freed in their own heaps
+    # (glibc keeps a heap per thread), given back before the page's data is made: the
+    # page is the report's peak (the 100k-entry pair's went up ~30 MB without this)
+    del sheets
+    give_back_free_heap()
     paths = [xlsx_path, csv_path]
     d, base = os.path.split(stem)
     json_path = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
@@ -394,6 +381,34 @@ def _write_files(result, diag, digest, stem: str, files: WrittenTogether, html: 
         summary_json.write(files.path(json_path), digest)
         paths.append(json_path)
     return paths
+
+
+def _sheets(result, diag, digest, fields: CallFields | None, csv_path: str) -> list:
+    """The workbook's sheets: the rows (also written to ``csv_path``), the Summary and,
+    with a diagnosis, one row per call with the Summary's chart of it."""
+    cols = result.columns
+    header = list(cols)
+    styles = [None if v == "pass" else v for v in cols["Result"]]
+    main = Sheet(MAIN_SHEET, header, [cols[h] for h in header], styles, _widths(header, cols),
+                 {h for h in header if h in PERCENT_COLUMNS and result.mode == "statistics"},
+                 csv_path=csv_path)
+    summary = summary_sheet(result, digest, diag)
+    sheets = [main, summary]
+    if diag is not None and digest is not None:
+        diag_sheet = diagnosis_sheet(diag, fields)
+        sheets.append(diag_sheet)
+        n = len(diag_sheet.columns[0])
+        if n:
+            col = DIAG_HEADER.index
+            top = len(summary.columns[0]) + 2          # below the text, not over it
+            summary.charts.append(LineChart(
+                "Error along the call sequence (log scale; gaps = no error)",
+                ("Diagnosis", col("#"), 2, n + 1),
+                [("output error", "Diagnosis", col("Plot Output Error"), 2, n + 1),
+                 ("input error", "Diagnosis", col("Plot Input Error"), 2, n + 1)],
+                anchor=(0, top, 2, top + 28), x_title="call # (Diagnosis sheet)",
+                y_title=digest["error_measure"], log_y=True))
+    return sheets
 
 
 def link_latest(path: str, fixed: str) -> None:
