@@ -340,3 +340,38 @@ def test_the_printable_check_of_plain_texts_is_isprintable():
     chars = [chr(c) for c in range(128)] + ["é", "\u2028", "\x85", "名", "\U0001F600", "\u00a0"]
     texts = chars + [f"name.{c}.x" for c in chars] + ["", "plain text", "tab\there"]
     assert [cells._printable(t) for t in texts] == [t.isprintable() for t in texts]
+
+
+@needs_c
+def test_tail_codes_in_c_give_the_python_codes():
+    """The page's row names after their call's name, coded in C with no str made per row
+    (texts of 1-byte characters) or by a str of each tail (wider ones): the distinct tails
+    and codes of the Python reference; None where a name or its call's name is missing
+    or the name does not start with it."""
+    from probe.compare.xlsx._cjoin import tail_codes
+
+    rng = np.random.default_rng(7)
+    heads = [f"Functional.linear.{k}.forward" for k in range(400)] + ["Tensor.é.0.forward", "", None]
+    picks = rng.integers(0, 401, 5000)
+    texts = [heads[k] + ("", ".input.0", ".output.0", ".input.1", ".é", "\x00x")[r % 6] for r, k in enumerate(picks)]
+
+    def both(texts, which):
+        raw = np.asarray(which, np.int32).tobytes()
+        got = tail_codes(texts, heads, raw)
+        assert got == cells.tail_codes_py(texts, heads, raw)
+        return got
+
+    distinct, codes = both(texts, picks)
+    assert distinct == ["", ".input.0", ".output.0", ".input.1", ".é", "\x00x"]
+    assert len(codes) == len(texts)
+    wide = texts + ["Tensor.é.0.forward.名"]        # a text of 2-byte characters: by str
+    assert both(wide, list(picks) + [400])[0] == distinct + [".名"]
+    assert both(texts[:3] + ["Functional.linear.0.forwarX"], list(picks[:3]) + [0]) is None
+    assert both(texts[:3] + ["x"], list(picks[:3]) + [-1]) is None         # -1: the last head, None
+    assert both(texts[:3] + [None], list(picks[:4])) is None
+    assert both(["x", "xy"], [401, -2]) == (["x", "xy"], bytes([0, 1]))     # "" heads: the whole text
+    assert both([], []) == ([], b"")
+    many = [f"{heads[0]}.{k}" for k in range(70000)]                       # codes of 4 bytes
+    assert len(both(many, [0] * len(many))[1]) == 4 * len(many)
+    with pytest.raises(IndexError):
+        tail_codes(["x"], heads, np.asarray([9999], np.int32).tobytes())

@@ -660,11 +660,200 @@ done:
     return out;
 }
 
+/* Codes as bytes of 1, 2 or 4 bytes a code (the fewest that hold k distinct values). */
+static PyObject *code_bytes(const uint32_t *all, Py_ssize_t n, Py_ssize_t k) {
+    int width = k <= 1 << 8 ? 1 : k <= 1 << 16 ? 2 : 4;
+    PyObject *bytes = PyBytes_FromStringAndSize(NULL, n * width);
+    if (bytes == NULL)
+        return NULL;
+    char *b = PyBytes_AS_STRING(bytes);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (width == 1) {
+            b[i] = (char)(unsigned char)all[i];
+        } else if (width == 2) {
+            uint16_t c = (uint16_t)all[i];
+            memcpy(b + 2 * i, &c, 2);
+        } else {
+            memcpy(b + 4 * i, &all[i], 4);
+        }
+    }
+    return bytes;
+}
+
+typedef struct {                  /* a distinct tail: its characters in a 1-byte text */
+    const Py_UCS1 *data;
+    Py_ssize_t len;
+    uint64_t hash;
+    uint32_t code;
+    int used;
+} tail_t;
+
+static uint64_t hash_bytes(const Py_UCS1 *s, Py_ssize_t n) {      /* FNV-1a */
+    uint64_t h = 1469598103934665603ULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        h = (h ^ s[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* tail_codes(texts, heads, which) -> (distinct, codes) or None
+ *   texts: a list of str; heads: a list; which: bytes of one int32 per text (native
+ *   order), the index of its head in heads (negative: from the end, as Python indexes).
+ *   Each text's tail, text[len(head):], coded as codes() codes them: the distinct tails
+ *   in order of first appearance and per text the index of its tail. None where a text
+ *   or its head is not a str or the text does not start with its head. The page's
+ *   row names after their call's name (".input.0"): 350k rows of the 100k-entry pair,
+ *   a few hundred tails, each tail found by its characters (no str made per row) where
+ *   the texts are of 1-byte characters, else by a str of it.
+ * cells.tail_codes_py is the same function in Python. */
+static PyObject *tail_codes(PyObject *self, PyObject *args) {
+    PyObject *texts, *heads, *which;
+    if (!PyArg_ParseTuple(args, "O!O!O!:tail_codes", &PyList_Type, &texts, &PyList_Type, &heads,
+                          &PyBytes_Type, &which))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(texts), nh = PyList_GET_SIZE(heads);
+    if (PyBytes_GET_SIZE(which) != 4 * n) {
+        PyErr_Format(PyExc_ValueError, "tail_codes: %zd bytes of heads' indices for %zd texts",
+                     PyBytes_GET_SIZE(which), n);
+        return NULL;
+    }
+    const char *w = PyBytes_AS_STRING(which);
+    PyObject *distinct = PyList_New(0), *index = NULL, *out = NULL;
+    uint32_t *all = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
+    Py_ssize_t cap = 1024;
+    tail_t *table = PyMem_Calloc((size_t)cap, sizeof(tail_t));
+    if (distinct == NULL || all == NULL || table == NULL) {
+        if (distinct != NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    int narrow = 1;                       /* every text of 1-byte characters: tails found by their bytes */
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *t = PyList_GET_ITEM(texts, r);
+        if (!PyUnicode_Check(t)) {
+            out = Py_None;
+            Py_INCREF(out);
+            goto done;
+        }
+#if PY_VERSION_HEX < 0x030C0000
+        if (PyUnicode_READY(t) < 0)
+            goto done;
+#endif
+        if (PyUnicode_KIND(t) != PyUnicode_1BYTE_KIND)
+            narrow = 0;
+    }
+    if (!narrow && (index = PyDict_New()) == NULL)
+        goto done;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        int32_t k;
+        memcpy(&k, w + 4 * r, 4);
+        Py_ssize_t at = k < 0 ? k + nh : k;
+        if (at < 0 || at >= nh) {
+            PyErr_SetString(PyExc_IndexError, "tail_codes: a head's index is out of range");
+            goto done;
+        }
+        PyObject *t = PyList_GET_ITEM(texts, r), *head = PyList_GET_ITEM(heads, at);
+        if (!PyUnicode_Check(head)) {
+            out = Py_None;
+            Py_INCREF(out);
+            goto done;
+        }
+        Py_ssize_t start = PyUnicode_GET_LENGTH(head), len = PyUnicode_GET_LENGTH(t);
+        int starts = PyUnicode_Tailmatch(t, head, 0, PY_SSIZE_T_MAX, -1);    /* str.startswith */
+        if (starts < 0)
+            goto done;
+        if (!starts) {
+            out = Py_None;
+            Py_INCREF(out);
+            goto done;
+        }
+        if (!narrow) {                    /* wide characters: a str of the tail, looked up */
+            PyObject *tail = PyUnicode_Substring(t, start, len);
+            if (tail == NULL)
+                goto done;
+            PyObject *code = PyDict_GetItemWithError(index, tail);
+            if (code == NULL) {
+                Py_ssize_t c = PyList_GET_SIZE(distinct);
+                if (PyErr_Occurred() || (code = PyLong_FromSsize_t(c)) == NULL) {
+                    Py_DECREF(tail);
+                    goto done;
+                }
+                int failed = PyDict_SetItem(index, tail, code) < 0 || PyList_Append(distinct, tail) < 0;
+                Py_DECREF(code);
+                Py_DECREF(tail);
+                if (failed)
+                    goto done;
+                all[r] = (uint32_t)c;
+            } else {
+                all[r] = (uint32_t)PyLong_AsSsize_t(code);
+                Py_DECREF(tail);
+            }
+            continue;
+        }
+        const Py_UCS1 *data = PyUnicode_1BYTE_DATA(t) + start;
+        Py_ssize_t tl = len - start;
+        uint64_t h = hash_bytes(data, tl);
+        Py_ssize_t slot = (Py_ssize_t)(h & (uint64_t)(cap - 1));
+        while (table[slot].used && !(table[slot].hash == h && table[slot].len == tl
+                                     && memcmp(table[slot].data, data, (size_t)tl) == 0))
+            slot = (slot + 1) & (cap - 1);
+        if (!table[slot].used) {
+            Py_ssize_t c = PyList_GET_SIZE(distinct);
+            if (c >= (Py_ssize_t)UINT32_MAX) {
+                PyErr_SetString(PyExc_OverflowError, "tail_codes: too many distinct tails");
+                goto done;
+            }
+            PyObject *tail = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, data, tl);
+            if (tail == NULL)
+                goto done;
+            int failed = PyList_Append(distinct, tail) < 0;
+            Py_DECREF(tail);
+            if (failed)
+                goto done;
+            table[slot] = (tail_t){data, tl, h, (uint32_t)c, 1};
+            if (2 * (c + 1) > cap) {                 /* at most half full: grown, each tail placed again */
+                Py_ssize_t bigger = cap * 2;
+                tail_t *grown = PyMem_Calloc((size_t)bigger, sizeof(tail_t));
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                for (Py_ssize_t j = 0; j < cap; j++) {
+                    if (!table[j].used)
+                        continue;
+                    Py_ssize_t s = (Py_ssize_t)(table[j].hash & (uint64_t)(bigger - 1));
+                    while (grown[s].used)
+                        s = (s + 1) & (bigger - 1);
+                    grown[s] = table[j];
+                }
+                PyMem_Free(table);
+                table = grown;
+                cap = bigger;
+            }
+            all[r] = (uint32_t)c;
+        } else {
+            all[r] = table[slot].code;
+        }
+    }
+    PyObject *bytes = code_bytes(all, n, PyList_GET_SIZE(distinct));
+    if (bytes != NULL) {
+        out = PyTuple_Pack(2, distinct, bytes);
+        Py_DECREF(bytes);
+    }
+done:
+    PyMem_Free(all);
+    PyMem_Free(table);
+    Py_XDECREF(index);
+    Py_XDECREF(distinct);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"join_rows", join_rows, METH_VARARGS,
      "join_rows(parts, m, sep, end) -> bytes: m rows, each its parts' texts in order"},
     {"rows", rows, METH_VARARGS,
      "rows(parts, m, sep, end) -> Rows: the parts checked, to be joined later (Rows.join())"},
+    {"tail_codes", tail_codes, METH_VARARGS,
+     "tail_codes(texts, heads, which) -> (distinct, codes) or None: each text's tail after its head, coded"},
     {"codes", codes, METH_O,
      "codes(values) -> (distinct, codes): the distinct values in order, per value its index as bytes"},
     {NULL, NULL, 0, NULL},

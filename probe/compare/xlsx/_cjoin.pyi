@@ -15,3 +15,6 @@ class Rows:
 
 def rows(parts: Sequence[_Part], m: int, sep: str, end: str) -> Rows:
     """``parts`` checked (their texts' UTF-8 made), to be joined by ``Rows.join``."""
+
+def tail_codes(texts: list, heads: list, which: bytes) -> tuple[list, bytes] | None:
+    """``codes`` of each text's tail after its head (``which``: int32 indices into ``heads``), or None."""

@@ -9,6 +9,7 @@ import re
 import sys
 from dataclasses import dataclass
 from itertools import chain, repeat
+from operator import getitem
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -498,6 +499,19 @@ def codes_py(values: Iterable) -> tuple[list, bytes]:
     return distinct, np.fromiter(map(index.__getitem__, values), _code_type(len(distinct)), len(values)).tobytes()
 
 
+def tail_codes_py(texts: list, heads: list, which: bytes) -> tuple[list, bytes] | None:
+    """``codes`` of each text's tail after its head (``text[len(head):]``; ``which``: per
+    text the index of its head in ``heads``, int32 bytes in native order), or None where a
+    text or its head is not a str or the text does not start with its head: the C
+    extension ``_cjoin.tail_codes``'s reference, where it was not built."""
+    if not all(type(t) is str for t in texts):
+        return None
+    bases = list(map(heads.__getitem__, np.frombuffer(which, np.int32).tolist()))
+    if not all(type(b) is str for b in bases) or not all(map(str.startswith, texts, bases)):
+        return None
+    return codes(map(getitem, texts, map(slice, map(len, bases), repeat(None))))
+
+
 class Joined:
     """Rows already joined: what ``prepare_rows`` gives where the C join is not used."""
 
@@ -510,10 +524,10 @@ class Joined:
 
 _c_rows: Callable | None
 try:
-    from ._cjoin import codes, join_rows
+    from ._cjoin import codes, join_rows, tail_codes
     from ._cjoin import rows as _c_rows
 except ImportError:        # built without a C compiler: the same bytes, about twice the time
-    join_rows, codes, _c_rows = join_rows_py, codes_py, None
+    join_rows, codes, tail_codes, _c_rows = join_rows_py, codes_py, tail_codes_py, None
 _c_join_rows = join_rows
 
 
@@ -533,6 +547,17 @@ def code_array(values: Iterable) -> tuple[list, np.ndarray]:
     """(the distinct values in order of first appearance, per value its index in the
     narrowest unsigned integer array): ``codes`` (one pass, in C where built)."""
     distinct, raw = codes(values)
+    return distinct, np.frombuffer(raw, _code_type(len(distinct)))
+
+
+def tail_code_array(texts: list, heads: list, which: np.ndarray) -> tuple[list, np.ndarray] | None:
+    """``code_array`` of each text's tail after its head (``which``: per text the index
+    of its head in ``heads``), or None where a text or its head is not a str or the text
+    does not start with its head: ``tail_codes`` (in C where built: no str made per text)."""
+    found = tail_codes(texts, heads, np.ascontiguousarray(which, np.int32).tobytes())
+    if found is None:
+        return None
+    distinct, raw = found
     return distinct, np.frombuffer(raw, _code_type(len(distinct)))
 
 
