@@ -375,3 +375,21 @@ def test_tail_codes_in_c_give_the_python_codes():
     assert len(both(many, [0] * len(many))[1]) == 4 * len(many)
     with pytest.raises(IndexError):
         tail_codes(["x"], heads, np.asarray([9999], np.int32).tobytes())
+
+
+def test_shared_strings_added_at_once_are_the_strings_added_one_by_one():
+    """``SharedStrings.add`` escapes printable texts together: the same items and cells,
+    in the same order, as ``body`` text by text; texts it cannot take together (control
+    characters, NUL, past Excel's cell limit) go one by one, and texts already there keep
+    their index."""
+    quiet = [f"warning: Max diff {k / 7:.6g} > {k}" for k in range(50)] + [
+        " lead", "trail ", "a & b <c> d", "=1+1", "-3", "@x", "'quoted", "é 名前", "", " "]
+    loud = quiet + ["tab\there", "x" * 40000, "a\x00b", "\u2028"]
+    for texts in (quiet, loud):
+        together, alone = cells.SharedStrings(), cells.SharedStrings()
+        for s in (together, alone):
+            s.body(texts[3])
+        together.add(texts)
+        for t in texts:
+            alone.body(t)
+        assert together.items == alone.items and together.cells == alone.cells

@@ -61,6 +61,28 @@ class SharedStrings:
             self.items.append("<si>%s</si>" % t)
         return cell
 
+    def add(self, texts: list) -> None:
+        """``body`` of each of ``texts`` (distinct texts), escaped at once where all are
+        printable and short (one pass over them joined, not a call per text: the
+        100k-entry pair's 10k distinct messages), else one by one."""
+        new = [t for t in texts if t not in self.cells]
+        shown = neutral_texts(new)
+        joined = "\x00".join(shown)
+        if (not new or joined.count("\x00") != len(new) - 1 or not _printable(joined.replace("\x00", ""))
+                or max(map(len, shown)) > 32000):
+            for t in new:
+                self.body(t)
+            return
+        if "&" in joined or "<" in joined or ">" in joined:
+            joined = joined.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        k = len(self.items)
+        for text, e in zip(new, joined.split("\x00")):
+            # printable: its only white space is " " (kept at an edge as text_body keeps it)
+            self.items.append(('<si><t xml:space="preserve">%s</t></si>' if e[:1] == " " or e[-1:] == " "
+                               else "<si><t>%s</t></si>") % e)
+            self.cells[text] = _SST_CELL % k
+            k += 1
+
     def xml(self) -> str:
         n = len(self.items)
         return ('<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'

@@ -183,9 +183,7 @@ def _shared_tables(sheet: Sheet, sst: SharedStrings | None, found: list | None =
     shared = []
     for k, col in enumerate(sheet.columns):
         texts = shared_texts(col, found[k] if found is not None else None)
-        for v in texts or ():
-            if type(v) is str:
-                sst.body(v)
+        sst.add([v for v in texts or () if type(v) is str])
         shared.append(sst if texts is not None else None)
     return shared
 
