@@ -71,6 +71,65 @@ def test_the_c_join_gives_the_python_join_bytes(m):
 
 
 @needs_c
+@pytest.mark.parametrize("m", [0, 1, 300])
+def test_rows_prepared_then_joined_on_another_thread_give_the_python_join_bytes(m):
+    """``_cjoin.rows`` checks the parts at once and joins them later, on any thread (the
+    GIL released while it copies): the bytes of the Python join, each time it is joined."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from probe.compare.xlsx._cjoin import rows
+
+    rng = np.random.default_rng(m + 1)
+    xml = _parts(rng, m)
+    fields = [(p[0], None) if isinstance(p, tuple) and isinstance(p[0], bytes) else p for p in xml]
+    prepared = [(rows(xml, m, "", ""), cells.join_rows_py(xml, m, "", "")),
+                (rows(fields, m, ",", "\r\n"), cells.join_rows_py(fields, m, ",", "\r\n"))]
+    with ThreadPoolExecutor(4) as pool:
+        joined = list(pool.map(lambda r: r[0].join(), prepared * 8))
+    assert joined == [want for _, want in prepared * 8]
+    assert [r.join() for r, _ in prepared] == [want for _, want in prepared]
+
+
+@needs_c
+def test_rows_raise_a_bad_text_when_prepared_not_when_joined():
+    """What cannot be joined is said where the rows are made (the encoding thread): a lone
+    surrogate as the UnicodeEncodeError the writer catches to replace it, a non-text as a
+    TypeError, a block short of rows when joined."""
+    from probe.compare.xlsx._cjoin import rows
+
+    with pytest.raises(UnicodeEncodeError):
+        rows([["ok", "bad \ud800"]], 2, "", "")
+    with pytest.raises(UnicodeEncodeError):
+        rows([(["ok", "\udfff"], bytes([0, 1]))], 2, "", "")
+    with pytest.raises(TypeError, match="must be str"):
+        rows([["ok", 3]], 2, "", "")
+    short = rows([(orjson.dumps(np.ones((1, 2)), option=orjson.OPT_SERIALIZE_NUMPY), "<c")], 2, "", "")
+    with pytest.raises(ValueError, match="fewer rows"):
+        short.join()
+
+
+def test_prepared_rows_give_the_joined_rows_with_either_join(monkeypatch):
+    """``cells.prepared_rows`` (joined later, on the writer's thread) gives the bytes of
+    ``encode_rows``, with the C rows and with the Python join (joined at once)."""
+    n = 600
+    header, cols, styles, heights = _sheet_columns(n)
+    sheet = Sheet("rows", header, cols, styles, percent_columns={"pa", "pb"}, wrap_columns={"name"})
+    prefixes = sheets._prefixes(sheet)
+    shared = sheets._shared_tables(sheet, cells.SharedStrings())
+    joins = [cells.join_rows_py] + ([c_join] if c_join is not None else [])
+    for lo, hi in ((0, 1), (250, 600)):
+        args = ([c[lo:hi] for c in cols], styles[lo:hi], lo, prefixes, shared, True, heights[lo:hi])
+        want = cells.encode_rows(*args)
+        for join in joins:
+            monkeypatch.setattr(cells, "join_rows", join)
+            xml, text = cells.prepared_rows(*args)
+            assert (xml.join(), text.join()) == want
+            assert isinstance(xml, cells.Joined) == (join is cells.join_rows_py)
+        xml, text = cells.prepared_rows(*args[:5], False, args[6])
+        assert text is None and xml.join() == want[0]
+
+
+@needs_c
 def test_the_c_join_writes_cells_and_fields_as_documented():
     block = orjson.dumps(np.array([[1.5, np.nan], [-0.0, 2e-7]]), option=orjson.OPT_SERIALIZE_NUMPY)
     assert c_join([["<a>", "<b>"], (block, ['<c s="2"', "<c"]), "|"], 2, "", "\n") == (
@@ -272,3 +331,65 @@ def test_plain_text_columns_join_raw_as_their_cells_are_written(monkeypatch):
             assert cells.encode_rows(*args) == raw
     took = [name for name, col in texts.items() if cells._plain_texts(col) is not None]
     assert took == ["names", "csv quoting", "inner spaces, unicode, empty"]
+
+
+def test_the_printable_check_of_plain_texts_is_isprintable():
+    """``_plain_texts`` tells printable ASCII by its bytes (a fifth of the time): the
+    answer of ``str.isprintable`` for every ASCII character, alone and among others, and
+    for texts beyond ASCII."""
+    chars = [chr(c) for c in range(128)] + ["é", "\u2028", "\x85", "名", "\U0001F600", "\u00a0"]
+    texts = chars + [f"name.{c}.x" for c in chars] + ["", "plain text", "tab\there"]
+    assert [cells._printable(t) for t in texts] == [t.isprintable() for t in texts]
+
+
+@needs_c
+def test_tail_codes_in_c_give_the_python_codes():
+    """The page's row names after their call's name, coded in C with no str made per row
+    (texts of 1-byte characters) or by a str of each tail (wider ones): the distinct tails
+    and codes of the Python reference; None where a name or its call's name is missing
+    or the name does not start with it."""
+    from probe.compare.xlsx._cjoin import tail_codes
+
+    rng = np.random.default_rng(7)
+    heads = [f"Functional.linear.{k}.forward" for k in range(400)] + ["Tensor.é.0.forward", "", None]
+    picks = rng.integers(0, 401, 5000)
+    texts = [heads[k] + ("", ".input.0", ".output.0", ".input.1", ".é", "\x00x")[r % 6] for r, k in enumerate(picks)]
+
+    def both(texts, which):
+        raw = np.asarray(which, np.int32).tobytes()
+        got = tail_codes(texts, heads, raw)
+        assert got == cells.tail_codes_py(texts, heads, raw)
+        return got
+
+    distinct, codes = both(texts, picks)
+    assert distinct == ["", ".input.0", ".output.0", ".input.1", ".é", "\x00x"]
+    assert len(codes) == len(texts)
+    wide = texts + ["Tensor.é.0.forward.名"]        # a text of 2-byte characters: by str
+    assert both(wide, list(picks) + [400])[0] == distinct + [".名"]
+    assert both(texts[:3] + ["Functional.linear.0.forwarX"], list(picks[:3]) + [0]) is None
+    assert both(texts[:3] + ["x"], list(picks[:3]) + [-1]) is None         # -1: the last head, None
+    assert both(texts[:3] + [None], list(picks[:4])) is None
+    assert both(["x", "xy"], [401, -2]) == (["x", "xy"], bytes([0, 1]))     # "" heads: the whole text
+    assert both([], []) == ([], b"")
+    many = [f"{heads[0]}.{k}" for k in range(70000)]                       # codes of 4 bytes
+    assert len(both(many, [0] * len(many))[1]) == 4 * len(many)
+    with pytest.raises(IndexError):
+        tail_codes(["x"], heads, np.asarray([9999], np.int32).tobytes())
+
+
+def test_shared_strings_added_at_once_are_the_strings_added_one_by_one():
+    """``SharedStrings.add`` escapes printable texts together: the same items and cells,
+    in the same order, as ``body`` text by text; texts it cannot take together (control
+    characters, NUL, past Excel's cell limit) go one by one, and texts already there keep
+    their index."""
+    quiet = [f"warning: Max diff {k / 7:.6g} > {k}" for k in range(50)] + [
+        " lead", "trail ", "a & b <c> d", "=1+1", "-3", "@x", "'quoted", "é 名前", "", " "]
+    loud = quiet + ["tab\there", "x" * 40000, "a\x00b", "\u2028"]
+    for texts in (quiet, loud):
+        together, alone = cells.SharedStrings(), cells.SharedStrings()
+        for s in (together, alone):
+            s.body(texts[3])
+        together.add(texts)
+        for t in texts:
+            alone.body(t)
+        assert together.items == alone.items and together.cells == alone.cells

@@ -22,9 +22,10 @@ from urllib.parse import quote
 import numpy as np
 import orjson
 
+from .call_fields import CallFields
 from .codes import codes
 from .summary_json import StackLookup
-from .xlsx.cells import code_array
+from .xlsx.cells import code_array, tail_code_array
 from probe import lone_surrogates
 from probe.errors import ConfigError
 from probe.written_whole import replaced_when_written
@@ -101,14 +102,17 @@ def _module_path(label: str) -> list:
     return parts
 
 
-def _groups(result, calls) -> tuple:
+def _groups(result, fields: CallFields) -> tuple:
     """Per call a group id, the groups' paths and what they are: modules (construct.json
     of an L0/mix dump) or, for L1, the user's file and function from stack.json."""
-    if any(u.module for u in calls):
-        paths, ids = codes((tuple(_module_path(u.module)) if u.module else ("(outside any module)",)
-                            for u in calls), len(calls))
+    calls, modules = fields.calls, fields("module")
+    if any(modules):
+        paths, ids = codes((tuple(_module_path(m)) if m else ("(outside any module)",) for m in modules),
+                           len(calls))
         return ids, [list(p) for p in paths], "module"
     stack = StackLookup(result.stack_path)
+    if not stack.stacks:        # no stack.json: one group, as each call's frame() would say
+        return np.zeros(len(calls), np.uint8), [["(no stack)"]] if calls else [], "stack file"
     frames: dict = {}
 
     def frame(text) -> tuple:        # (file, function (line)) of a call's user frame
@@ -123,11 +127,11 @@ def _groups(result, calls) -> tuple:
                 key = (os.path.basename(file), f"{func} (line {line})")
             frames[text] = key
         return key
-    paths, ids = code_array(frame(stack(u.npu_entry) or stack(u.bench_entry)) for u in calls)
+    paths, ids = code_array(frame(stack(a) or stack(b)) for a, b in zip(fields("npu_entry"), fields("bench_entry")))
     return ids, [list(p) for p in paths], "stack file"
 
 
-def _verdict(result, digest, calls) -> dict | None:
+def _verdict(result, digest, fields: CallFields) -> dict | None:
     if not digest:
         return None
     fd = digest["first_divergence"]
@@ -141,13 +145,20 @@ def _verdict(result, digest, calls) -> dict | None:
     out["worst_row"] = w.get("npu_row") or w.get("bench_row")
     out["metrics"] = {k: v for k, v in (w.get("metrics") or {}).items() if v is not None}
     out["reason"] = rec.get("reason") or _reason(rec)
-    out["call"] = next((k for k, u in enumerate(calls) if u.index == rec["position"]), None)
+    out["call"] = _position(fields("index"), rec["position"])
     other = fd["backward"] if rec is fd["forward"] else None
     if other:
         out["backward"] = {"name": other["npu_name"] or other["bench_name"], "kind": other["kind"],
-                           "call": next((k for k, u in enumerate(calls)
-                                         if u.index == other["position"]), None)}
+                           "call": _position(fields("index"), other["position"])}
     return out
+
+
+def _position(indices: list, position) -> int | None:
+    """Where the call at ``position`` of the aligned sequence is among the calls, or None."""
+    try:
+        return indices.index(position)
+    except ValueError:
+        return None
 
 
 def _fmt(x) -> str:
@@ -238,18 +249,22 @@ def _script_safe_pieces(raw: bytes):
         start = stop
 
 
-def _data(result, diag, digest, files: dict | None) -> dict:
-    """The page's data, before it is JSON (``page_data``)."""
+def _data(result, diag, digest, files: dict | None, fields: CallFields | None = None) -> dict:
+    """The page's data, before it is JSON (``page_data``). ``fields``: the calls'
+    ``CallFields`` where the report shares them (the Diagnosis sheet reads them too)."""
     cols = result.columns
     calls = diag.calls if diag is not None else []
+    if fields is None or fields.calls is not calls:
+        fields = CallFields(calls)
     n = result.n_rows
     row_call = np.full(n, -1, dtype=np.int32)
-    sizes = [len(u.rows) for u in calls]
-    row_call[np.fromiter(chain.from_iterable(u.rows for u in calls), np.int64, sum(sizes))] = \
+    rows = fields("rows")
+    sizes = list(map(len, rows))
+    row_call[np.fromiter(chain.from_iterable(rows), np.int64, sum(sizes))] = \
         np.repeat(np.arange(len(calls), dtype=np.int32), sizes)
     names, benches = cols["NPU Name"], cols["Bench Name"]
-    npu_entry = [u.npu_entry for u in calls] + [None]          # [-1]: a row of no call
-    bench_entry = [u.bench_entry for u in calls] + [None]
+    npu_entry = fields("npu_entry") + [None]          # [-1]: a row of no call
+    bench_entry = fields("bench_entry") + [None]
 
     def suffixes():         # each row's name after its call's entry name (".input.0")
         for name, bench, c in zip(names, benches, row_call.tolist()):
@@ -266,7 +281,7 @@ def _data(result, diag, digest, files: dict | None) -> dict:
     results, res = code_array(cols["Result"])
     dirs, rd = _labelled(code_array(cols["Direction"]), _direction) or code_array(list(map(_direction, cols["Direction"])))
     metrics = [m for m in PAGE_METRICS.get(result.mode, []) if m in cols]
-    gids, gpaths, gkind = _groups(result, calls)
+    gids, gpaths, gkind = _groups(result, fields)
     status = {s: k for k, s in enumerate(STATUS)}
     step, rank = step_rank(result.npu.json_path if result.npu else None)
     data = {
@@ -279,19 +294,19 @@ def _data(result, diag, digest, files: dict | None) -> dict:
             "counts": {"rows": digest["rows"] if digest else None,
                        "calls": digest["calls"] if digest else None},
             "diagnosed": diag is not None,
-            "verdict": _verdict(result, digest, calls),
+            "verdict": _verdict(result, digest, fields),
             "not_judged": ((digest or {}).get("judged") or {}).get("not_compared") or [],
             "status": STATUS, "results": results, "dirs": dirs, "suffix": suffix,
             "dtypes": dtypes, "shapes": shapes, "metrics": metrics,
             "groups": gpaths, "group_kind": gkind, "files": files or {}},
         "calls": {
-            "n": [u.npu_entry or u.bench_entry or "" for u in calls],
-            "b": [u.bench_entry if u.bench_entry and u.bench_entry != u.npu_entry else 0 for u in calls],
-            "d": _b64([u.direction == "backward" for u in calls], "u1"),
-            "s": _b64([status.get(u.status, 0) for u in calls], "u1"),
-            "i": _b64([u.input_error for u in calls], "f8"),
-            "o": _b64([u.output_error for u in calls], "f8"),
-            "t": _b64([u.threshold if u.output_error is not None else None for u in calls], "f8"),
+            "n": [a or b or "" for a, b in zip(npu_entry[:-1], bench_entry[:-1])],
+            "b": [b if b and b != a else 0 for a, b in zip(npu_entry[:-1], bench_entry[:-1])],
+            "d": _b64([d == "backward" for d in fields("direction")], "u1"),
+            "s": _b64([status.get(s, 0) for s in fields("status")], "u1"),
+            "i": _b64(fields("input_error"), "f8"),
+            "o": _b64(fields("output_error"), "f8"),
+            "t": _b64(fields.judged_thresholds(), "f8"),
             "g": _small(gids)},
         "rows": {
             "c": _b64(row_call, "i4"), "x": _small(x), "k": _b64(side, "u1"), "r": _small(res),
@@ -306,14 +321,10 @@ def _data(result, diag, digest, files: dict | None) -> dict:
 def _suffix_codes(names: list, npu_entry: list, row_call: np.ndarray) -> tuple[list, np.ndarray] | None:
     """``codes`` of ``_data``'s suffixes where every row has an NPU name that starts with
     its call's NPU entry name (a compare of calls both sides made): the suffixes cut and
-    coded in C (``code_array``, one pass), not a Python step per row (350k rows in the
-    100k-entry pairs) and no list of them all; None otherwise."""
-    if None in names:
-        return None
-    bases = list(map(npu_entry.__getitem__, row_call.tolist()))
-    if None in bases or not all(map(str.startswith, names, bases)):
-        return None
-    return code_array(map(getitem, names, map(slice, map(len, bases), repeat(None))))
+    coded in C (``tail_code_array``, one pass, no str made per row: it was half the page's
+    data on the 350k rows of the 100k-entry pairs), not a Python step per row; None
+    otherwise."""
+    return tail_code_array(names, npu_entry, row_call)
 
 
 def _direction(value) -> str:
@@ -375,12 +386,14 @@ def _write(path: str, template: str, title: str, data, option: int = 0) -> bool:
     return replaced
 
 
-def write_page(result, diag, digest, path: str, files: dict | None = None) -> str:
+def write_page(result, diag, digest, path: str, files: dict | None = None,
+               fields: CallFields | None = None) -> str:
     """Write the compare page of one pair to ``path``; return the path. ``files``: the
-    pair's other outputs ({"xlsx": path, "json": path}), named on the page's first line."""
+    pair's other outputs ({"xlsx": path, "json": path}), named on the page's first line;
+    ``fields``: the calls' ``CallFields`` where the report has read them already."""
     title = "probe compare: " + os.path.basename(result.npu.json_path if result.npu else "")
     names = {k: os.path.basename(v) for k, v in (files or {}).items() if v}
-    _write(path, _asset("compare_page.html"), title, _data(result, diag, digest, names))
+    _write(path, _asset("compare_page.html"), title, _data(result, diag, digest, names, fields))
     return path
 
 

@@ -14,11 +14,11 @@ import os
 import shutil
 import time
 from collections import Counter
-from operator import attrgetter
-
 import numpy as np
 
+from .call_fields import CallFields
 from .engine import PERCENT_COLUMNS, CompareResult, load_stacks
+from .heap import give_back_free_heap
 from . import summary_json
 from .html_report import user_frame
 from .xlsx import LineChart, Sheet, write_workbook
@@ -156,27 +156,27 @@ def _plot(column: np.ndarray) -> np.ndarray:
     return column
 
 
-def diagnosis_sheet(diag) -> Sheet:
+def diagnosis_sheet(diag, fields: CallFields | None = None) -> Sheet:
     """One row per call: its error in and out, its verdict (Status) and, where it was re-run
     on the NPU's own inputs, its local error against what a correct kernel of its dtype adds.
     Jump (output error / input error) is empty where the input error is 0. Each field read
-    with ``attrgetter`` over the calls (100k of them in the 100k-entry pair)."""
+    with ``attrgetter`` over the calls (100k of them in the 100k-entry pair); ``fields``:
+    the calls' ``CallFields`` where the report shares them (the page reads them too)."""
     calls = diag.calls
-
-    def field(name: str) -> list:
-        return list(map(attrgetter(name), calls))
-    out_err, in_err, status, local = field("output_error"), field("input_error"), field("status"), field("local")
-    judged = [e is not None for e in out_err]
+    field = fields if fields is not None else CallFields(calls)
+    out_err, in_err, status = field("output_error"), field("input_error"), field("status")
+    local = field("local", keep=False)           # (the fields only this sheet shows: not kept for the page)
     no_local = local.count(None) == len(local)
     out_col, in_col = _numbers(out_err), _numbers(in_err)
     cols = [[i + 1 for i in field("index")], field("direction"), field("npu_entry"), field("bench_entry"),
-            field("match"), field("module"), in_col, out_col,
-            _numbers([u.jump if j else None for u, j in zip(calls, judged)]),
-            _numbers([u.threshold if j else None for u, j in zip(calls, judged)]),
-            _numbers(field("noise")), status,
+            field("match", keep=False), field("module"), in_col, out_col,
+            _numbers([u.jump if e is not None else None for u, e in zip(calls, out_err)]),
+            _numbers(field.judged_thresholds()),
+            _numbers(field("noise", keep=False)), status,
             _numbers(local if no_local else [e.local if e is not None else None for e in local]),
             _numbers(local if no_local else [e.correct if e is not None else None for e in local]),
-            _numbers(field("one_minus_cos")), _numbers(field("max_rel")), _plot(out_col), _plot(in_col)]
+            _numbers(field("one_minus_cos", keep=False)), _numbers(field("max_rel", keep=False)),
+            _plot(out_col), _plot(in_col)]
     return Sheet("Diagnosis", DIAG_HEADER, cols, list(map(_STATUS_STYLE.get, status)), _DIAG_WIDTHS)
 
 
@@ -353,17 +353,49 @@ def _encodable(digest: dict, folder: str) -> dict:
 def _write_files(result, diag, digest, stem: str, files: WrittenTogether, html: bool, progress) -> list:
     """Write the compare's files, each to ``files.path`` (renamed when all are done);
     return their final paths: xlsx, csv, page, summary json."""
+    xlsx_path, csv_path = stem + ".xlsx", stem + ".csv"
+    fields = CallFields(diag.calls) if diag is not None else None      # read once: the sheet's and the page's
+    sheets = _sheets(result, diag, digest, fields, files.path(csv_path))
+    if progress is not None:
+        progress.set_description("compare: writing xlsx", refresh=False)
+        progress.total = sum(len(s.columns[0]) if s.columns else 0 for s in sheets)
+    write_workbook(files.path(xlsx_path), sheets, progress.update if progress is not None else None)
+    # the sheets' own columns, and what the workbook's threads freed in their own heaps
+    # (glibc keeps a heap per thread), given back before the page's data is made: the
+    # page is the report's peak (the 100k-entry pair's went up ~30 MB without this)
+    del sheets
+    give_back_free_heap()
+    paths = [xlsx_path, csv_path]
+    d, base = os.path.split(stem)
+    json_path = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
+    if html:
+        from .html_report import write_page
+        if progress is not None:
+            progress.set_description("compare: writing page", refresh=False)
+            progress.update(0)
+        page = os.path.join(d, base.replace("compare_result", "compare_report", 1) + ".html")
+        write_page(result, diag, digest, files.path(page),
+                   {"xlsx": xlsx_path, "json": json_path if digest is not None else None}, fields)
+        paths.append(page)
+    if digest is not None:
+        summary_json.write(files.path(json_path), digest)
+        paths.append(json_path)
+    return paths
+
+
+def _sheets(result, diag, digest, fields: CallFields | None, csv_path: str) -> list:
+    """The workbook's sheets: the rows (also written to ``csv_path``), the Summary and,
+    with a diagnosis, one row per call with the Summary's chart of it."""
     cols = result.columns
     header = list(cols)
     styles = [None if v == "pass" else v for v in cols["Result"]]
-    xlsx_path, csv_path = stem + ".xlsx", stem + ".csv"
     main = Sheet(MAIN_SHEET, header, [cols[h] for h in header], styles, _widths(header, cols),
                  {h for h in header if h in PERCENT_COLUMNS and result.mode == "statistics"},
-                 csv_path=files.path(csv_path))
+                 csv_path=csv_path)
     summary = summary_sheet(result, digest, diag)
     sheets = [main, summary]
     if diag is not None and digest is not None:
-        diag_sheet = diagnosis_sheet(diag)
+        diag_sheet = diagnosis_sheet(diag, fields)
         sheets.append(diag_sheet)
         n = len(diag_sheet.columns[0])
         if n:
@@ -376,26 +408,7 @@ def _write_files(result, diag, digest, stem: str, files: WrittenTogether, html: 
                  ("input error", "Diagnosis", col("Plot Input Error"), 2, n + 1)],
                 anchor=(0, top, 2, top + 28), x_title="call # (Diagnosis sheet)",
                 y_title=digest["error_measure"], log_y=True))
-    if progress is not None:
-        progress.set_description("compare: writing xlsx", refresh=False)
-        progress.total = sum(len(s.columns[0]) if s.columns else 0 for s in sheets)
-    write_workbook(files.path(xlsx_path), sheets, progress.update if progress is not None else None)
-    paths = [xlsx_path, csv_path]
-    d, base = os.path.split(stem)
-    json_path = os.path.join(d, base.replace("compare_result", "compare_summary", 1) + ".json")
-    if html:
-        from .html_report import write_page
-        if progress is not None:
-            progress.set_description("compare: writing page", refresh=False)
-            progress.update(0)
-        page = os.path.join(d, base.replace("compare_result", "compare_report", 1) + ".html")
-        write_page(result, diag, digest, files.path(page),
-                   {"xlsx": xlsx_path, "json": json_path if digest is not None else None})
-        paths.append(page)
-    if digest is not None:
-        summary_json.write(files.path(json_path), digest)
-        paths.append(json_path)
-    return paths
+    return sheets
 
 
 def link_latest(path: str, fixed: str) -> None:

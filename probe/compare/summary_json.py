@@ -8,11 +8,15 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from operator import attrgetter
+
+import numpy as np
 
 from .causality import cant_tell_text
 from .diagnosis import N_STATE
 from .engine import load_stacks
 from .dump_tree import step_of
+from .xlsx.cells import code_array
 from probe.vocabulary import SUMMARY_METRICS, forward_of
 
 SCHEMA = "probe.compare_summary/1"
@@ -197,8 +201,9 @@ def build(result, diag, bench2_path: str | None = None, stack_path: str | None =
     """The summary dict."""
     stack = StackLookup(stack_path or result.stack_path)
     cols = result.columns
-    counts = Counter(cols["Result"])
-    status = Counter(u.status for u in diag.calls)
+    levels, level_of = code_array(cols["Result"])      # 350k rows counted in C, not a Counter's step each
+    counts = dict(zip(levels, np.bincount(level_of, minlength=len(levels)).tolist()))
+    status = Counter(map(attrgetter("status"), diag.calls))
     groups = [u for u in diag.calls if u.match.startswith("group")]
     primary = diag.forward or diag.backward
     step = step_of(result.npu.json_path) if result.npu else None

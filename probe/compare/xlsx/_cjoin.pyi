@@ -8,3 +8,13 @@ def join_rows(parts: Sequence[_Part], m: int, sep: str, end: str) -> bytes:
 
 def codes(values: Iterable) -> tuple[list, bytes]:
     """(the distinct values in order of first appearance, per value its index: 1, 2 or 4 bytes each)."""
+
+class Rows:
+    """Rows checked and ready to join (on any thread: ``join`` releases the GIL)."""
+    def join(self) -> bytes: ...
+
+def rows(parts: Sequence[_Part], m: int, sep: str, end: str) -> Rows:
+    """``parts`` checked (their texts' UTF-8 made), to be joined by ``Rows.join``."""
+
+def tail_codes(texts: list, heads: list, which: bytes) -> tuple[list, bytes] | None:
+    """``codes`` of each text's tail after its head (``which``: int32 indices into ``heads``), or None."""

@@ -9,7 +9,8 @@ import re
 import sys
 from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Iterable, Sequence
+from operator import getitem
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import orjson
@@ -59,6 +60,28 @@ class SharedStrings:
             cell = self.cells[text] = _SST_CELL % len(self.items)
             self.items.append("<si>%s</si>" % t)
         return cell
+
+    def add(self, texts: list) -> None:
+        """``body`` of each of ``texts`` (distinct texts), escaped at once where all are
+        printable and short (one pass over them joined, not a call per text: the
+        100k-entry pair's 10k distinct messages), else one by one."""
+        new = [t for t in texts if t not in self.cells]
+        shown = neutral_texts(new)
+        joined = "\x00".join(shown)
+        if (not new or joined.count("\x00") != len(new) - 1 or not _printable(joined.replace("\x00", ""))
+                or max(map(len, shown)) > 32000):
+            for t in new:
+                self.body(t)
+            return
+        if "&" in joined or "<" in joined or ">" in joined:
+            joined = joined.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        k = len(self.items)
+        for text, e in zip(new, joined.split("\x00")):
+            # printable: its only white space is " " (kept at an edge as text_body keeps it)
+            self.items.append(('<si><t xml:space="preserve">%s</t></si>' if e[:1] == " " or e[-1:] == " "
+                               else "<si><t>%s</t></si>") % e)
+            self.cells[text] = _SST_CELL % k
+            k += 1
 
     def xml(self) -> str:
         n = len(self.items)
@@ -326,6 +349,18 @@ def _csv_texts(texts: list) -> list:
     return list(map(csv_field, texts)) if "," in joined or '"' in joined else texts
 
 
+_ASCII_PRINTABLE = bytes(range(0x20, 0x7F))
+
+
+def _printable(text: str) -> bool:
+    """``text.isprintable()``: for ASCII, as its bytes with the printable ones deleted (a
+    table lookup a byte, a fifth of the time of a Unicode lookup a character: the
+    100k-entry pair's names were 0.09 s of it)."""
+    if text.isascii():
+        return not text.encode("ascii").translate(None, _ASCII_PRINTABLE)
+    return text.isprintable()
+
+
 def _plain_texts(col: list) -> list | None:
     """A column of texts that go into their cells as they are (no escaping, cutting or
     kept edge spaces: a name, a message), or None.  Their cells are then the texts
@@ -337,7 +372,7 @@ def _plain_texts(col: list) -> list | None:
         joined = "".join(col)
     except TypeError:                                # None or other values among them
         return None
-    if not joined.isprintable() or "&" in joined or "<" in joined or ">" in joined:
+    if not _printable(joined) or "&" in joined or "<" in joined or ">" in joined:
         return None
     if len(joined) > 32000 and max(map(len, col)) > 32000:
         return None
@@ -486,10 +521,48 @@ def codes_py(values: Iterable) -> tuple[list, bytes]:
     return distinct, np.fromiter(map(index.__getitem__, values), _code_type(len(distinct)), len(values)).tobytes()
 
 
+def tail_codes_py(texts: list, heads: list, which: bytes) -> tuple[list, bytes] | None:
+    """``codes`` of each text's tail after its head (``text[len(head):]``; ``which``: per
+    text the index of its head in ``heads``, int32 bytes in native order), or None where a
+    text or its head is not a str or the text does not start with its head: the C
+    extension ``_cjoin.tail_codes``'s reference, where it was not built."""
+    if not all(type(t) is str for t in texts):
+        return None
+    bases = list(map(heads.__getitem__, np.frombuffer(which, np.int32).tolist()))
+    if not all(type(b) is str for b in bases) or not all(map(str.startswith, texts, bases)):
+        return None
+    return codes(map(getitem, texts, map(slice, map(len, bases), repeat(None))))
+
+
+class Joined:
+    """Rows already joined: what ``prepare_rows`` gives where the C join is not used."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def join(self) -> bytes:
+        return self.data
+
+
+_c_rows: Callable | None
 try:
-    from ._cjoin import codes, join_rows
+    from ._cjoin import codes, join_rows, tail_codes
+    from ._cjoin import rows as _c_rows
 except ImportError:        # built without a C compiler: the same bytes, about twice the time
-    join_rows, codes = join_rows_py, codes_py
+    join_rows, codes, tail_codes, _c_rows = join_rows_py, codes_py, tail_codes_py, None
+_c_join_rows = join_rows
+
+
+def prepare_rows(parts: Sequence, m: int, sep: str, end: str):
+    """``join_rows``'s rows, to be joined by the returned object's ``join()``: with the C
+    join, the parts are checked and their texts' UTF-8 made now (an error, a lone
+    surrogate's UnicodeEncodeError too, is raised here), and ``join()`` copies them on any
+    thread with the GIL released (a writer thread joins a sheet's rows while this one
+    encodes the next: the join was a third of the 100k-entry pair's sheet encoding); the
+    parts must not change until then. Otherwise the rows are joined now (``Joined``)."""
+    if _c_rows is not None and join_rows is _c_join_rows:
+        return _c_rows(parts, m, sep, end)
+    return Joined(join_rows(parts, m, sep, end))
 
 
 def code_array(values: Iterable) -> tuple[list, np.ndarray]:
@@ -499,14 +572,41 @@ def code_array(values: Iterable) -> tuple[list, np.ndarray]:
     return distinct, np.frombuffer(raw, _code_type(len(distinct)))
 
 
+def tail_code_array(texts: list, heads: list, which: np.ndarray) -> tuple[list, np.ndarray] | None:
+    """``code_array`` of each text's tail after its head (``which``: per text the index
+    of its head in ``heads``), or None where a text or its head is not a str or the text
+    does not start with its head: ``tail_codes`` (in C where built: no str made per text)."""
+    found = tail_codes(texts, heads, np.ascontiguousarray(which, np.int32).tobytes())
+    if found is None:
+        return None
+    distinct, raw = found
+    return distinct, np.frombuffer(raw, _code_type(len(distinct)))
+
+
 def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, shared: list,
                 with_csv: bool, heights: list | None = None, coded: list | None = None) -> tuple[bytes, bytes]:
-    """Sheet XML and CSV of rows (``columns``: their values, one list per column; ``lo``:
-    the first one's index), joined row by row (``join_rows``) from what each column
-    gives: "<row r=..>", prefix, body, ..., "</row>".  A column of finite floats gives
-    just the numbers' texts, its "><v>" and "</v></c>" going with the prefixes around
-    them, and so does a column of plain texts (``_plain_texts``); a column of one value goes whole into the (per row style) text before the
-    next column; a run of float-array columns is one block of numbers that orjson
+    """Sheet XML and CSV of rows (``row_parts``), joined."""
+    xml, text, m = row_parts(columns, styles, lo, prefixes, shared, with_csv, heights, coded)
+    return join_rows(xml, m, "", ""), join_rows(text, m, ",", "\r\n") if with_csv else b""
+
+
+def prepared_rows(columns: list, styles: list | None, lo: int, prefixes: list, shared: list,
+                  with_csv: bool, heights: list | None = None, coded: list | None = None) -> tuple:
+    """``encode_rows``'s XML and CSV (None without a CSV) as ``prepare_rows`` objects, to
+    be joined on the thread that writes them."""
+    xml, text, m = row_parts(columns, styles, lo, prefixes, shared, with_csv, heights, coded)
+    return prepare_rows(xml, m, "", ""), prepare_rows(text, m, ",", "\r\n") if with_csv else None
+
+
+def row_parts(columns: list, styles: list | None, lo: int, prefixes: list, shared: list,
+              with_csv: bool, heights: list | None = None, coded: list | None = None) -> tuple[list, list, int]:
+    """(``join_rows``'s parts of the sheet XML, of the CSV, the number of rows) of rows
+    (``columns``: their values, one list per column; ``lo``: the first one's index), to be
+    joined row by row from what each column gives: "<row r=..>", prefix, body, ...,
+    "</row>".  A column of finite floats gives just the numbers' texts, its "><v>" and
+    "</v></c>" going with the prefixes around them, and so does a column of plain texts
+    (``_plain_texts``); a column of one value goes whole into the (per row style) text
+    before the next column; a run of float-array columns is one block of numbers that orjson
     formats at once.  ``prefixes``: per column, row style -> the cell's opening;
     ``heights``: per row, a height in points or None (the default height); ``coded``:
     per column of the sheet, its ``Coded`` form (``coded_column``) or None, its rows
@@ -576,4 +676,4 @@ def encode_rows(columns: list, styles: list | None, lo: int, prefixes: list, sha
         csv_parts.append(fields)
         pending, lead = dict.fromkeys(keys, ""), closing
     xml_parts.append(per_row({style: t + lead + "</row>" for style, t in pending.items()}))
-    return join_rows(xml_parts, m, "", ""), join_rows(csv_parts, m, ",", "\r\n") if with_csv else b""
+    return xml_parts, csv_parts, m

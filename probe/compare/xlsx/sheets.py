@@ -22,7 +22,7 @@ from itertools import repeat
 from probe import lone_surrogates
 from probe.written_whole import replaced_when_written
 
-from .cells import SharedStrings, coded_column, col_letter, distinct_codes, encode_rows, esc, shared_texts
+from .cells import SharedStrings, coded_column, col_letter, distinct_codes, esc, prepared_rows, shared_texts
 from .chart import write_charts
 
 logger = logging.getLogger(__name__)
@@ -183,9 +183,7 @@ def _shared_tables(sheet: Sheet, sst: SharedStrings | None, found: list | None =
     shared = []
     for k, col in enumerate(sheet.columns):
         texts = shared_texts(col, found[k] if found is not None else None)
-        for v in texts or ():
-            if type(v) is str:
-                sst.body(v)
+        sst.add([v for v in texts or () if type(v) is str])
         shared.append(sst if texts is not None else None)
     return shared
 
@@ -286,6 +284,15 @@ class _WriteBehind:
     def write(self, data: bytes):
         self.work.submit(self.fh.write, data)
 
+    def write_rows(self, rows):
+        """Write rows still to be joined (``cells.prepare_rows``): joined on the writer's
+        thread, the GIL released while they are copied, so that the next rows are
+        encoded meanwhile."""
+        self.work.submit(self._joined, rows)
+
+    def _joined(self, rows):
+        self.fh.write(rows.join())
+
     def wait(self):
         """Every write done; the file stays open."""
         self.work.finish()
@@ -366,14 +373,17 @@ def _sheet_xml(fh, sheet: Sheet, sst: SharedStrings | None, progress, csv_fh: _W
         styles = sheet.row_styles[lo:hi] if sheet.row_styles else None
         heights = sheet.row_heights[lo:hi] if sheet.row_heights else None
         try:
-            xml, text = encode_rows(columns, styles, lo, prefixes, shared, csv_fh is not None, heights, coded)
+            xml, text = prepared_rows(columns, styles, lo, prefixes, shared, csv_fh is not None, heights, coded)
         except UnicodeEncodeError:        # a lone surrogate: UTF-8 has no such character (no codes: texts made again)
-            xml, text = encode_rows(list(map(_without_surrogates, columns)), styles, lo, prefixes,
-                                    shared, csv_fh is not None, heights)
+            xml, text = prepared_rows(list(map(_without_surrogates, columns)), styles, lo, prefixes,
+                                      shared, csv_fh is not None, heights)
             replaced = True
-        fh.write(xml)
+        if hasattr(fh, "write_rows"):       # a writer thread: it joins them
+            fh.write_rows(xml)
+        else:
+            fh.write(xml.join())
         if csv_fh:
-            csv_fh.write(text)
+            csv_fh.write_rows(text)
         if progress is not None:
             progress(hi - lo)
     tail = ["</sheetData>"]
