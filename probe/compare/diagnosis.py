@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
-from itertools import compress, repeat
+from itertools import repeat
 
 import msgspec
 import numpy as np
@@ -48,10 +48,11 @@ from .coverage import Coverage, coverage
 from .draws import DrawCheck
 from .local_error import LocalError, Replays
 from .normalized_norm import NormCheck, norm_check
-from .rows import field_of, numel_array, numels, stats_of
+from .rows import field_of, fields_of, numel_array, numels, stats_of
 from probe.precheck.entries import DROPOUT_ARGS, ApiEntry, parse_name
 from probe.python_compat import SLOTS
 from probe.tolerances import tolerance_for
+from probe.vocabulary import STATISTICS
 
 JUMP = 4.0           # output error above JUMP x input error: the call made it, not its inputs
 STATS_JUMP = 10.0    # the same from Max/Min/Mean/Norm alone in a bf16/fp16 run, or where the
@@ -342,8 +343,8 @@ def stat_errors(npu, bench, numel, floor):
     return out
 
 
-def row_errors(result, facts: _RowFacts) -> list:
-    """Per row: relative error on one scale (None where nothing was compared). Statistics
+def row_errors(result, facts: _RowFacts) -> np.ndarray:
+    """Per row: relative error on one scale (NaN where nothing was compared). Statistics
     mode measures every row at once; the tensor and md5 modes read their own columns a
     row at a time."""
     cols, mode = result.columns, result.mode
@@ -381,16 +382,29 @@ def row_errors(result, facts: _RowFacts) -> list:
         error = np.fromiter(map(operator.eq, map(verdicts.__getitem__, left.tolist()), repeat("error")),
                             bool, len(left))
         err[left[one_sided & error]] = math.inf
-    out = err.tolist()
-    for i in np.flatnonzero(np.isnan(err)).tolist():
-        out[i] = None
-    return out
+    return err
+
+
+class _Errors:
+    """The rows' errors as a list of them reads (``normalized_norm.norm_check``): a number,
+    or None where nothing was compared (NaN in the array)."""
+    __slots__ = ("err",)
+
+    def __init__(self, err: np.ndarray):
+        self.err = err
+
+    def __getitem__(self, i: int) -> float | None:
+        e = float(self.err[i])
+        return None if e != e else e
 
 
 _IN, _OUT = 1, 2        # a row's part as the diagnosis reads it: what a call takes, what it gives
 
 
 _IO_CODE = {io: k for k, io in enumerate(("input", "parameters", "output", "parameters_grad"), 1)}
+
+
+_SIDE_FIELDS = ("kind", "io", "shape", "dtype", "entry", "name")    # what the diagnosis reads of each row
 
 
 @dataclass
@@ -418,6 +432,10 @@ class _RowFacts:
     tol_names: list          # the tolerance classes (the "Tolerance Dtype" column's values) ...
     tol_code: np.ndarray     # ... and each row's, as its index in them
     floor: np.ndarray        # each row's tolerance class's floor (tolerances.tolerance_for)
+    npu: dict                # per side, field name (_SIDE_FIELDS) -> each row's (None where it has no row)
+    bench: dict
+    bench_io: np.ndarray     # the bench row's part: _IO_CODE, 0 for none
+    aligns: list             # each pair's ``Pair.align``
     unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # the row's call (_units)
     err: np.ndarray = field(default_factory=lambda: np.zeros(0))   # the rows' errors as the calls read them
                                                                    # (NaN for None), once _units set them
@@ -426,15 +444,20 @@ class _RowFacts:
     def of(cls, result) -> _RowFacts:
         pairs = result.pairs
         n = len(pairs)
-        tol_names, tol_code = codes(list(result.columns["Tolerance Dtype"]))
+        tol_col = result.columns["Tolerance Dtype"]
+        tol_names, tol_code = codes(tol_col if type(tol_col) is list else list(tol_col))
         floor = np.array([tolerance_for(t).floor for t in tol_names] or [0.0])[tol_code]
-        A, B = [p.npu for p in pairs], [p.bench for p in pairs]
-        kind_a, kind_b = field_of(A, "kind"), field_of(B, "kind")
-        shape_a, shape_b = field_of(A, "shape"), field_of(B, "shape")
+        A, B, aligns = fields_of(pairs, ("npu", "bench", "align"))
+        read = result.table_rows or (None, None)
+        fa, fb = (dict(zip(_SIDE_FIELDS, fields_of(rows, _SIDE_FIELDS))) for rows in (A, B))
+        npu_stats, bench_stats = (_stats(result.columns, side, rows, was)
+                                  for side, rows, was in (("NPU", A, read[0]), ("Bench", B, read[1])))
+        kind_a, kind_b = fa["kind"], fb["kind"]
+        shape_a, shape_b = fa["shape"], fb["shape"]
         npu_tensor = np.fromiter(map(operator.eq, kind_a, repeat("tensor")), bool, n)
         bench_tensor = np.fromiter(map(operator.eq, kind_b, repeat("tensor")), bool, n)
-        npu_io = np.fromiter(map(_IO_CODE.get, field_of(A, "io"), repeat(0)), np.int8, n)
-        bench_io = np.fromiter(map(_IO_CODE.get, field_of(B, "io"), repeat(0)), np.int8, n)
+        npu_io = np.fromiter(map(_IO_CODE.get, fa["io"], repeat(0)), np.int8, n)
+        bench_io = np.fromiter(map(_IO_CODE.get, fb["io"], repeat(0)), np.int8, n)
         has_npu = np.fromiter(map(operator.is_not, A, repeat(None)), bool, n)
         has_bench = np.fromiter(map(operator.is_not, B, repeat(None)), bool, n)
         paired = has_npu & has_bench
@@ -442,19 +465,46 @@ class _RowFacts:
         taken = paired & bench_tensor
         # paired tensors only: a one-sided row's shape is never multiplied (it may not be numbers)
         if taken.all():
-            bench_numel = numel_array(shape_b)
+            bench_numel = _numels(shape_b)
         else:
             bench_numel = np.zeros(n, dtype=np.float64)
             counted = np.flatnonzero(taken)
-            bench_numel[counted] = numel_array(list(map(shape_b.__getitem__, counted.tolist())))
-        npu_stats, bench_stats = stats_of(A), stats_of(B)
+            bench_numel[counted] = _numels(list(map(shape_b.__getitem__, counted.tolist())))
         part = np.where(paired & (npu_io >= _IO_CODE["output"]), _OUT,
                         np.where(paired & (npu_io >= 1), _IN, 0)).astype(np.int8)
         return cls(npu_tensor, bench_tensor, npu_io, paired, part,
                    taken & (bench_io >= 1) & (bench_io <= _IO_CODE["parameters"]),
                    taken & (npu_io == _IO_CODE["output"]) & same_shape, same_shape, npu_stats, bench_stats,
                    np.where(taken, bench_stats[:, 3], np.nan), bench_numel, A, B, has_npu, has_bench,
-                   tol_names, tol_code, floor)
+                   tol_names, tol_code, floor, fa, fb, bench_io, aligns)
+
+
+def _numels(shapes: list) -> np.ndarray:
+    """``rows.numel_array`` of ``shapes``, worked out per distinct shape and looked up by
+    value: a side's rows share a few shapes, and hashing those small tuples costs a quarter
+    of numbering them by identity (350k rows of the 100k-entry pair)."""
+    try:
+        distinct = dict.fromkeys(shapes)
+    except TypeError:               # a malformed (nested) shape: not a key
+        return numel_array(shapes)
+    per = dict(zip(distinct, numel_array(list(distinct)).tolist()))
+    return np.fromiter(map(per.__getitem__, shapes), np.float64, len(shapes))
+
+
+def _stats(columns: dict, side: str, rows: list, read: list | None) -> np.ndarray:
+    """One side's rows x STAT_KEYS statistics (NaN where a row has none): the table's
+    statistic columns, which the compare read from these rows (``CompareResult.table_rows``),
+    but for rows replaced since (a shard merge's), read again; all from the rows where
+    the table has no such columns (md5 mode) or no record of its rows."""
+    n = len(rows)
+    cols: list = [columns.get(f"{side} {s.column}") for s in STATISTICS]
+    if read is None or len(read) != n or not all(isinstance(c, np.ndarray) and c.shape == (n,) for c in cols):
+        return stats_of(rows)
+    stats = np.column_stack(cols)
+    changed = np.flatnonzero(np.fromiter(map(operator.is_not, rows, read), bool, n))
+    if len(changed):
+        stats[changed] = stats_of(list(map(rows.__getitem__, changed.tolist())))
+    return stats
 
 
 def _per_call(n_calls: int, unit: np.ndarray, values: np.ndarray, empty=-np.inf) -> np.ndarray:
@@ -485,19 +535,16 @@ def _cancellation_floors(result, facts: _RowFacts, n_calls: int, errors):
     has = (first < len(pairs)) & np.isfinite(big_norm)
     big_numel = np.where(has, facts.bench_numel[np.minimum(first, len(pairs) - 1)], 0.0)
     has &= big_numel > 0
-    known = np.fromiter(map(operator.is_not, errors, repeat(None)), bool, len(errors))
-    out = np.flatnonzero(facts.out_same & known & (facts.bench_numel > 0) & has[facts.unit])
+    out = np.flatnonzero(facts.out_same & ~np.isnan(errors) & (facts.bench_numel > 0) & has[facts.unit])
     if not len(out):
         return
     u = facts.unit[out]
     rms = big_norm[u] / np.sqrt(big_numel[u])
     floors = rms * np.sqrt(np.maximum(big_numel[u] / facts.bench_numel[out], 1.0))
     floors = np.maximum(floors, facts.floor[out])
-    out_rows = out.tolist()
     new = stat_errors(facts.npu_stats[out], facts.bench_stats[out], facts.bench_numel[out], floors)
-    lower = new < np.fromiter(map(errors.__getitem__, out_rows), np.float64, len(out_rows))   # (NaN: never)
-    for i, e in zip(out[lower].tolist(), new[lower].tolist()):
-        errors[i] = e
+    lower = new < errors[out]       # (NaN: never)
+    errors[out[lower]] = new[lower]
 
 
 def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
@@ -515,7 +562,7 @@ def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
     with np.errstate(invalid="ignore"):
         rms = np.abs(bench[:, 3]) / np.sqrt(np.maximum(facts.bench_numel, 1))
         magnitude = np.maximum.reduce([np.abs(bench[:, 0]), np.abs(bench[:, 1]), rms])
-    known = np.fromiter(map(operator.is_not, errors, repeat(None)), bool, len(errors))
+    known = ~np.isnan(errors)
     finite = np.isfinite(magnitude)
     outs = np.flatnonzero(facts.out_same & finite & (facts.bench_numel > 0))
     if not len(outs):
@@ -532,9 +579,8 @@ def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
     if not len(ins):
         return
     new = stat_errors(facts.npu_stats[ins], bench[ins], facts.bench_numel[ins], floor / gain)
-    higher = new > np.fromiter(map(errors.__getitem__, ins.tolist()), np.float64, len(ins))   # (NaN: never)
-    for i, e in zip(ins[higher].tolist(), new[higher].tolist()):
-        errors[i] = e
+    higher = new > errors[ins]      # (NaN: never)
+    errors[ins[higher]] = new[higher]
 
 
 def _units(result, errors, facts: _RowFacts):
@@ -547,10 +593,9 @@ def _units(result, errors, facts: _RowFacts):
     worked out per column (``_errors_of_calls``) before the calls are made at once: a
     Python step per row and an attribute write per call and field were a third of the
     diagnosis on the 100k-entry pair (bench/compare.py)."""
-    pairs, A, B = result.pairs, facts.npu_rows, facts.bench_rows
-    n = len(pairs)
-    aligns = field_of(pairs, "align")
-    npu_entry_of, bench_entry_of = field_of(A, "entry"), field_of(B, "entry")
+    n = len(result.pairs)
+    aligns = facts.aligns
+    npu_entry_of, bench_entry_of = facts.npu["entry"], facts.bench["entry"]
     grouped = [i for i, a in enumerate(aligns) if a.startswith("group")] \
         if any(a.startswith("group") for a in set(aligns)) else []
     bench_only = np.flatnonzero(~facts.has_npu)
@@ -659,9 +704,7 @@ def _errors_of_calls(result, n: int, facts: _RowFacts, errors) -> tuple:
     last such row on a tie), tolerance (its outputs' loosest dtype), and its outputs'
     worst 1 - cosine and max relative error (None where a call has none)."""
     cols = result.columns
-    known = np.fromiter(map(operator.is_not, errors, repeat(None)), bool, len(errors))
-    err = facts.err = np.full(len(errors), np.nan)
-    err[known] = np.fromiter(compress(errors, known.tolist()), np.float64, int(known.sum()))
+    err = facts.err = errors
     known = facts.paired & ~np.isnan(err)
     ins, outs = np.flatnonzero(known & (facts.part == _IN)), np.flatnonzero(known & (facts.part == _OUT))
     paired = np.bincount(facts.unit[facts.paired], minlength=n) > 0
@@ -858,15 +901,13 @@ def _input_rounding(facts: _RowFacts, n_calls: int) -> list:
     # Per call (a list by call index), from its rows at once: a per-call walk over its rows
     # was asked of every call whose output differs (most of a 100k-entry pair's).
     spacing = [0.0] * n_calls
-    A, B = facts.npu_rows, facts.bench_rows
+    dtype_a, dtype_b = facts.npu["dtype"], facts.bench["dtype"]
     rows = np.flatnonzero(facts.paired & facts.npu_tensor & facts.bench_tensor
                           & (facts.npu_io >= _IO_CODE["input"]) & (facts.npu_io <= _IO_CODE["parameters"])).tolist()
-    a_rows, b_rows = list(map(A.__getitem__, rows)), list(map(B.__getitem__, rows))
-    differ = np.flatnonzero(np.fromiter(map(operator.ne, field_of(a_rows, "dtype"), field_of(b_rows, "dtype")),
-                                        bool, len(rows))).tolist()
-    for k in differ:
-        a, b, u = a_rows[k], b_rows[k], facts.unit[rows[k]]
-        for cls in (vd.dtype_class(a.dtype or ""), vd.dtype_class(b.dtype or "")):
+    differ = [i for i, a, b in zip(rows, map(dtype_a.__getitem__, rows), map(dtype_b.__getitem__, rows)) if a != b]
+    for i in differ:
+        u = facts.unit[i]
+        for cls in (vd.dtype_class(dtype_a[i] or ""), vd.dtype_class(dtype_b[i] or "")):
             if cls in _LOW_PRECISION:
                 spacing[u] = max(spacing[u], _SPACING[cls])
     return spacing
@@ -1104,9 +1145,9 @@ def _state(calls, facts: _RowFacts) -> State:
                          & (io <= _IO_CODE["output"]))
     seq = seq[np.argsort(facts.unit[seq], kind="stable")]       # in call order (each call's rows in order)
     out = io[seq] == _IO_CODE["output"]
-    rows = list(map(facts.npu_rows.__getitem__, seq.tolist()))
-    dtypes, dtype = codes(field_of(rows, "dtype"))
-    _, shape = codes(field_of(rows, "shape"))
+    rows = seq.tolist()
+    dtypes, dtype = codes(list(map(facts.npu["dtype"].__getitem__, rows)))
+    _, shape = codes(list(map(facts.npu["shape"].__getitem__, rows)))
     stats = facts.npu_stats[seq]
     err = facts.err[seq]
     pos = np.arange(len(seq))
@@ -1128,10 +1169,11 @@ def _state(calls, facts: _RowFacts) -> State:
         todo[ask] = ~_first_before(cid, n_cid, pos, src, ask)
     differ = np.flatnonzero(todo & (err > 0))
     differ = differ[np.argsort(-err[differ], kind="stable")]      # largest error first, then in call order
-    made = list(map(rows.__getitem__, differ.tolist()))
+    made = seq[differ].tolist()
     modules = list(map(_MODULE, map(calls.__getitem__, facts.unit[seq[differ]].tolist())))
-    return State(list(map(OutsideInput, field_of(made, "name"), field_of(made, "shape"), err[differ].tolist(),
-                          modules)), int(todo.sum()))
+    return State(list(map(OutsideInput, map(facts.npu["name"].__getitem__, made),
+                          map(facts.npu["shape"].__getitem__, made), err[differ].tolist(), modules)),
+                 int(todo.sum()))
 
 
 def _drift(calls) -> Drift:
@@ -1401,7 +1443,7 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
         jump = STATS_JUMP if stats_only and (low or u.input_error) else JUMP
         beyond = u.output_error is not None and u.output_error > u.threshold
         bound = _amplification(result, u, facts) if stats_only and beyond and u.normalizes and u.draw is None else None
-        norm = norm_check(result, u, errors, bound[0], _SPACING, STATS_JUMP) if bound is not None else None
+        norm = norm_check(result, u, _Errors(facts.err), bound[0], _SPACING, STATS_JUMP) if bound is not None else None
         rounding = spacing[u.index] if stats_only and beyond else 0.0
         _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None, bound,
                norm, rounding, beyond)
