@@ -36,7 +36,8 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
-from itertools import repeat
+from collections import deque
+from itertools import compress, repeat
 
 import msgspec
 import numpy as np
@@ -404,6 +405,23 @@ _IN, _OUT = 1, 2        # a row's part as the diagnosis reads it: what a call ta
 _IO_CODE = {io: k for k, io in enumerate(("input", "parameters", "output", "parameters_grad"), 1)}
 
 
+@dataclass
+class _CallFacts:
+    """Per call, as arrays: what the calls were made with (``_units``), for the steps that
+    read it of every call at once."""
+    input_error: np.ndarray          # NaN for None
+    output_error: np.ndarray
+    tolerance: np.ndarray
+    api_keys: list = field(default_factory=list)
+    directions: list = field(default_factory=list)
+    modules: list = field(default_factory=list)
+    exact: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))       # CallDiag.exact_api
+    normalizes: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    optimizer: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))   # phase "optimizer"
+    threshold: np.ndarray = field(default_factory=lambda: np.zeros(0))           # CallDiag.threshold, once judged
+    input_threshold: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
 _SIDE_FIELDS = ("kind", "io", "shape", "dtype", "entry", "name")    # what the diagnosis reads of each row
 
 
@@ -439,6 +457,8 @@ class _RowFacts:
     unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # the row's call (_units)
     err: np.ndarray = field(default_factory=lambda: np.zeros(0))   # the rows' errors as the calls read them
                                                                    # (NaN for None), once _units set them
+    calls: _CallFacts = field(default_factory=lambda: _CallFacts(np.zeros(0), np.zeros(0), np.zeros(0)))
+                                        # what _units made the calls with
 
     @classmethod
     def of(cls, result) -> _RowFacts:
@@ -646,8 +666,13 @@ def _units(result, errors, facts: _RowFacts):
     status, input_error, output_error, worst, tolerance, one_minus_cos, max_rel = \
         _errors_of_calls(result, m, facts, errors)
     _saved_inputs(directions, npu_entries, input_error, output_error)
-    input_error, output_error = ([None if e != e else e for e in x.tolist()] for x in (input_error, output_error))
+    facts.calls = _CallFacts(input_error, output_error, np.array(tolerance, dtype=np.float64).reshape(-1))
+    input_error, output_error = (_with_none(x, np.isnan(x)) for x in (input_error, output_error))
     phases, apis, exact, api_keys, normalizes = _marks(directions, npu_entries, first_bench)
+    facts.calls.api_keys, facts.calls.directions, facts.calls.modules = api_keys, directions, modules
+    facts.calls.exact = np.array(exact, dtype=bool).reshape(-1)
+    facts.calls.normalizes = np.array(normalizes, dtype=bool).reshape(-1)
+    facts.calls.optimizer = np.fromiter(map(operator.eq, phases, repeat("optimizer")), bool, m)
     calls = list(map(CallDiag, range(m), directions, npu_entries, first_bench, matches, rows, input_error,
                      output_error, tolerance, repeat(None), repeat(None), worst, status, modules,
                      one_minus_cos, max_rel, phases, repeat(None), exact, repeat(None), api_keys, repeat(None),
@@ -732,7 +757,7 @@ def _errors_of_calls(result, n: int, facts: _RowFacts, errors) -> tuple:
                 v = values(np.array(cells, dtype=np.float64))
             else:
                 v = np.array([value(_f(c)) for c in cells], dtype=np.float64).reshape(-1)
-        return _per_call(n, facts.unit[outs], v).tolist()
+        return _per_call(n, facts.unit[outs], v)
     with np.errstate(invalid="ignore"):
         one_minus_cos = worst_of(cos_col, lambda c: -np.inf if c is None or math.isnan(c) else 1 - c,
                                  lambda c: np.where(np.isnan(c), -np.inf, 1 - c))
@@ -743,25 +768,38 @@ def _errors_of_calls(result, n: int, facts: _RowFacts, errors) -> tuple:
     status = np.where(~paired, "unmatched", np.where(has_out, "clean", "not compared")).tolist()
     inputs = np.where(paired, np.where(input_error == -np.inf, 0.0, input_error), np.nan)
     outputs = np.where(compared, output_error, np.nan)
-    worsts = [w if c else None for c, w in zip(compared.tolist(), worst.tolist())]
-    tolerances = [(t if t != -math.inf else f32) if c else UNJUDGED_TOLERANCE
-                  for c, t in zip(compared.tolist(), tolerance.tolist())]
+    worsts = _with_none(worst, ~compared)
+    tolerances = np.where(compared, np.where(tolerance == -np.inf, f32, tolerance), UNJUDGED_TOLERANCE).tolist()
 
     def cells(values):
         if values is None:
             return [None] * n
-        return [v if c and v != -math.inf else None for c, v in zip(compared.tolist(), values)]
+        return _with_none(values, ~compared | (values == -np.inf))
     return status, inputs, outputs, worsts, tolerances, cells(one_minus_cos), cells(max_rel)
+
+
+def _with_none(values: np.ndarray, empty: np.ndarray) -> list:
+    """``values`` as a list of numbers, None where ``empty``."""
+    out = values.tolist()
+    for i in np.flatnonzero(empty).tolist():
+        out[i] = None
+    return out
 
 
 def _saved_inputs(directions: list, npu_entries: list, input_error: np.ndarray, output_error: np.ndarray):
     """A backward call computes from what its forward call saved (inputs, weights,
     outputs) as well as from the gradients it receives: their error is its input too.
-    (Per call, before the calls are made: ``input_error`` (NaN for None) is updated in place.)"""
-    forward = {e: k for k, (d, e) in enumerate(zip(directions, npu_entries)) if d == "forward" and e}
-    cut = -len("backward")
-    links = [(k, f) for k, (d, e) in enumerate(zip(directions, npu_entries)) if d == "backward" and e
-             for f in (forward.get(e[:cut] + "forward"),) if f is not None]
+    (Per call, before the calls are made: ``input_error`` (NaN for None) is updated in place.
+    Each backward call's forward entry looked up in C: ``map`` over 100k calls.)"""
+    m = len(directions)
+    named = list(map(bool, npu_entries))
+    fwd = list(map(operator.and_, map(operator.eq, directions, repeat("forward")), named))
+    forward = dict(zip(compress(npu_entries, fwd), compress(range(m), fwd)))    # (the last of a name wins)
+    bwd = list(map(operator.and_, map(operator.eq, directions, repeat("backward")), named))
+    ks_all = list(compress(range(m), bwd))
+    heads = map(_BEFORE_BACKWARD, compress(npu_entries, bwd))
+    fs_all = list(map(forward.get, map(str.__add__, heads, repeat("forward"))))
+    links = [(k, f) for k, f in zip(ks_all, fs_all) if f is not None]
     if not links:
         return
     ks, fs = (np.array(x, dtype=np.int64) for x in zip(*links))
@@ -771,6 +809,9 @@ def _saved_inputs(directions: list, npu_entries: list, input_error: np.ndarray, 
     for other in (input_error[fs], output_error[fs]):      # as max() over those there: the first of equals stays
         worst = np.where(other > worst, other, worst)
     input_error[ks] = worst
+
+
+_BEFORE_BACKWARD = operator.itemgetter(slice(None, -len("backward")))
 
 
 def _marks(directions: list, npu_entries: list, bench_entries: list) -> tuple:
@@ -830,6 +871,73 @@ def _kind(api, direction: str) -> tuple:
     return (api.exact if direction == "forward" else api.exact_backward, api.key, api.leaf in NORMALIZING)
 
 
+_STATUS, _DRAW, _LOCAL, _DECLARED, _NOISE, _NOISE_IN, _NONFINITE_OUT, _NPU_ENTRY, _BENCH_ENTRY, _DIRECTION, \
+    _INDEX = map(operator.attrgetter, ("status", "draw", "local", "declared", "noise", "noise_in", "nonfinite_out",
+                                       "npu_entry", "bench_entry", "direction", "index"))
+
+
+def _judge_calls(result, calls: list, facts: _RowFacts, low: bool, statistics: bool) -> None:
+    """``_judge`` of every call, the usual ones at once.
+
+    A call whose status needs more than its numbers (a draw, a replay, NaN/Inf on one side,
+    in statistics mode a monotone call's extremes or a bounded normalizer's amplification)
+    is judged one at a time; every other call's rule reads its input and output error, its
+    threshold and what its API is, which numpy works out per column: a Python step per call
+    was a fifth of the diagnosis on bench/compare.py's 100k-entry pair."""
+    m = len(calls)
+    cf = facts.calls
+    out, inp, tol = cf.output_error, cf.input_error, cf.tolerance
+    inp0 = np.where(np.isnan(inp), 0.0, inp)                    # (u.input_error or 0.0)
+    declared = np.fromiter(map(_DECLARED, calls), np.float64, m)
+    noise = np.array([x or 0.0 for x in map(_NOISE, calls)], dtype=np.float64).reshape(-1)
+    noise_in = np.array([x or 0.0 for x in map(_NOISE_IN, calls)], dtype=np.float64).reshape(-1)
+    threshold = cf.threshold = np.maximum(np.maximum(tol, declared), NOISE_FACTOR * noise)   # CallDiag.threshold
+    cf.input_threshold = np.maximum(tol, NOISE_FACTOR * noise_in)                            # ... input_threshold
+    beyond = out > threshold                                                      # (NaN: None, never beyond)
+    drawn = np.fromiter(map(operator.is_not, map(_DRAW, calls), repeat(None)), bool, m)
+    local = np.fromiter(map(operator.is_not, map(_LOCAL, calls), repeat(None)), bool, m)
+    one_sided = np.fromiter(map(bool, map(_NONFINITE_OUT, calls)), bool, m)       # (nonfinite: one of them)
+    named = np.fromiter(map(bool, map(_NPU_ENTRY, calls)), bool, m)
+    keys, key_of = codes(cf.api_keys)
+    monotone = np.array([_leaf(k) in MONOTONE for k in keys] or [False])[key_of] & named
+    bounded = np.array([k.endswith(".forward") and _leaf(k) in _BOUNDED for k in keys] or [False])[key_of] & named
+    stats_only = statistics & ~local
+    spacing = _input_rounding(facts, m) if statistics else np.zeros(m)
+    normalizers = stats_only & beyond & cf.normalizes & bounded
+    alone = drawn | local | one_sided | (stats_only & monotone) | normalizers
+    bounds = _amplifications(result, calls, facts, np.flatnonzero(normalizers & ~drawn).tolist())
+    for k in np.flatnonzero(alone).tolist():
+        u = calls[k]
+        alone_stats = statistics and u.local is None
+        jump = STATS_JUMP if alone_stats and (low or u.input_error) else JUMP
+        over = bool(beyond[k])
+        bound = bounds.get(k) if alone_stats and over and u.normalizes and u.draw is None else None
+        norm = norm_check(result, u, _Errors(facts.err), bound[0], _SPACING, STATS_JUMP) if bound is not None else None
+        rounding = float(spacing[k]) if alone_stats and over else 0.0
+        _judge(u, jump, alone_stats, _extremes_check(result, u) if alone_stats and u.draw is None else None, bound,
+               norm, rounding, over)
+    # the others: unmatched / not compared stay, within the threshold stay clean; beyond it
+    # (no draw, replay, bound or extremes to ask), the rule of _judge's last branches
+    status = list(map(_STATUS, calls))
+    judged = np.fromiter(map(operator.ne, status, repeat("unmatched")), bool, m) \
+        & np.fromiter(map(operator.ne, status, repeat("not compared")), bool, m)
+    act = np.flatnonzero(~alone & beyond & judged)
+    if not len(act):
+        return
+    inp0, out, tol = inp0[act], out[act], tol[act]
+    exact = cf.exact[act]
+    given = inp0 != 0.0                                                   # (u.input_error: truthy)
+    jumps = np.where(statistics & (low | given), STATS_JUMP, JUMP)
+    roundings = spacing[act] if statistics else np.zeros(len(act))
+    inherits = (exact | cf.optimizer[act]) & (inp0 > AGREE)
+    cant_select = ~inherits & statistics & exact
+    jumped = ~inherits & ~cant_select & (out > jumps * np.maximum(inp0, roundings))
+    amplified = (inp0 > cf.input_threshold[act]) | (cf.normalizes[act] & given)
+    verdicts = np.where(cant_select | (jumped & statistics & amplified), "can't tell",
+                        np.where(jumped, "introduces", "inherits")).tolist()
+    deque(map(setattr, map(calls.__getitem__, act.tolist()), repeat("status"), verdicts), 0)
+
+
 def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | None = None,
            bound: tuple | None = None, norm: NormCheck | None = None, rounding: float = 0.0,
            beyond: bool | None = None):
@@ -887,7 +995,7 @@ def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | 
         u.status = "inherits"
 
 
-def _input_rounding(facts: _RowFacts, n_calls: int) -> list:
+def _input_rounding(facts: _RowFacts, n_calls: int) -> np.ndarray:
     """Statistics mode: the spacing (at 1.0) of the lowest precision among the call's inputs
     held in a bf16/fp16 dtype on one side and another dtype on the other (0.0 where none).
 
@@ -900,7 +1008,7 @@ def _input_rounding(facts: _RowFacts, n_calls: int) -> list:
     jump is measured from that rounding, as a normalizer's already is (``_amplification``)."""
     # Per call (a list by call index), from its rows at once: a per-call walk over its rows
     # was asked of every call whose output differs (most of a 100k-entry pair's).
-    spacing = [0.0] * n_calls
+    spacing = np.zeros(n_calls)
     dtype_a, dtype_b = facts.npu["dtype"], facts.bench["dtype"]
     rows = np.flatnonzero(facts.paired & facts.npu_tensor & facts.bench_tensor
                           & (facts.npu_io >= _IO_CODE["input"]) & (facts.npu_io <= _IO_CODE["parameters"])).tolist()
@@ -981,6 +1089,53 @@ def _amplification(result, u, facts: _RowFacts) -> tuple | None:
     return amplification, _SPACING.get(tol_dtype, _SPACING["float32"])
 
 
+def _amplifications(result, calls: list, facts: _RowFacts, ks: list) -> dict:
+    """``_amplification`` of the calls ``ks`` (their indices; each a forward normalizer of
+    ``_BOUNDED`` by its API's key): call -> (amplification, rounding) where there is one.
+    Worked out with numpy over the calls at once (the same float operations, in the same
+    order), but for log_softmax, whose output's statistics are asked one call at a time."""
+    found: dict = {}
+    if not ks:
+        return found
+    n = len(facts.unit)
+    takes = np.flatnonzero(facts.paired & facts.bench_tensor & (facts.bench_numel != 0)
+                           & (facts.bench_io == _IO_CODE["input"]))
+    first_in = np.full(len(calls), n, dtype=np.int64)       # each call's first such row (its input)
+    np.minimum.at(first_in, facts.unit[takes], takes)
+    kinds, at = [], []
+    for k in ks:
+        u = calls[k]
+        api = u.api
+        if api is None or api.direction != "forward" or api.leaf not in _BOUNDED:
+            continue
+        kind = _BOUNDED[api.leaf]
+        if kind == "log_softmax":
+            bound = _amplification(result, u, facts)
+            if bound is not None:
+                found[k] = bound
+        elif first_in[k] < n:
+            kinds.append(kind)
+            at.append(k)
+    if not at:
+        return found
+    first = first_in[at]
+    mx, mn, mean, norm = facts.bench_stats[first].T
+    by = np.array(kinds)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        rms = np.abs(norm) / np.sqrt(facts.bench_numel[first])
+        peak = np.maximum(np.abs(mx), np.abs(mn))
+        scale = np.maximum(peak, rms)
+        std = np.sqrt(np.maximum(rms * rms - mean * mean, 0.0))
+        amplification = np.where(by == "spread", np.where(std > 0, scale / std, np.inf),
+                                 np.where(by == "rms", np.where(rms > 0, scale / rms, np.inf),
+                                          np.maximum(2.0 * peak, 1.0)))
+    ok = np.isfinite(facts.bench_stats[first]).all(axis=1) & np.isfinite(amplification)
+    tol_dtype = result.columns["Tolerance Dtype"]
+    for j in np.flatnonzero(ok).tolist():
+        found[at[j]] = (float(amplification[j]), _SPACING.get(tol_dtype[int(first[j])], _SPACING["float32"]))
+    return found
+
+
 # Elementwise APIs that keep or reverse order: the NPU side's output extremes must be the
 # function of its own input extremes (statistics mode's re-run). +1 increasing, -1 decreasing.
 MONOTONE = {"sqrt": ("sqrt", 1), "sqrt_": ("sqrt", 1), "rsqrt": ("rsqrt", -1), "rsqrt_": ("rsqrt", -1),
@@ -1052,9 +1207,12 @@ def _stands_out(u: CallDiag) -> bool:
 def _eligible(calls):
     """API calls when the dump has them (module entries wrap them and would repeat the
     verdict one level up); modules for an L0 dump; never parameter-gradient entries."""
-    has_api = any(not u.name.startswith("Module.") for u in calls)
-    return [u for u in calls if (u.direction == "forward" or u.direction == "backward")
-            and (not has_api or not (u.npu_entry or u.bench_entry or "").startswith("Module."))]
+    names = [a or b or "" for a, b in zip(map(_NPU_ENTRY, calls), map(_BENCH_ENTRY, calls))]     # (CallDiag.name)
+    modules = list(map(str.startswith, names, repeat("Module.")))
+    keep = list(map(operator.contains, repeat(("forward", "backward")), map(_DIRECTION, calls)))
+    if not all(modules):            # the dump has API calls
+        keep = list(map(operator.and_, keep, map(operator.not_, modules)))
+    return list(compress(calls, keep))
 
 
 def _unmatched_before(seq, k):
@@ -1347,38 +1505,49 @@ def _declared_precision(result, calls) -> None:
             u.declared = REDUCED_PRODUCT
 
 
-def _stats_device_precision(calls) -> list:
+def _stats_device_precision(calls, facts: _RowFacts) -> list:
     """Statistics mode's counterpart of _device_precision: when most calls of one API (the
     matrix-unit family pooled) whose inputs agree within their tolerance still differ
     beyond it, their median output error is the device's; a call that jumped stays named
     only when its error stands out from it. (Calls whose inputs differ are left out: after
-    one faulty call every later one differs, and would pass for the device's precision.)"""
+    one faulty call every later one differs, and would pass for the device's precision.)
+    The calls are sorted into their APIs with numpy, per column (``facts.calls``)."""
     import statistics as st
-    groups: dict = {}
-    pooled: dict = {}       # api_key -> its group's key
-    for u in calls:   # the calls given (nearly) agreeing inputs: what each adds on its own
-        if u.status in ("introduces", "can't tell", "clean", "inherits") and u.api_key and u.draw is None \
-                and u.output_error is not None and (u.input_error or 0.0) <= u.input_threshold:
-            key = pooled.get(u.api_key)
-            if key is None:
-                api = u.api_key.rsplit(".", 1)[0].split(".", 1)[-1]
-                key = pooled[u.api_key] = "matrix units" if api in MATRIX_UNIT else u.api_key
-            groups.setdefault(key, []).append(u)
+    cf = facts.calls
+    k = np.fromiter(map(_INDEX, calls), np.int64, len(calls))
+    status = list(map(_STATUS, calls))
+    out, inp, tol = cf.output_error[k], cf.input_error[k], cf.tolerance[k]
+    # the calls given (nearly) agreeing inputs: what each adds on its own
+    take = np.fromiter(map(operator.contains, repeat(("introduces", "can't tell", "clean", "inherits")), status),
+                       bool, len(k)) \
+        & np.fromiter(map(operator.is_, map(_DRAW, calls), repeat(None)), bool, len(k)) \
+        & ~np.isnan(out) & (np.where(np.isnan(inp), 0.0, inp) <= cf.input_threshold[k])
+    api_keys = list(map(cf.api_keys.__getitem__, k.tolist()))
+    take &= np.fromiter(map(bool, api_keys), bool, len(k))
+    sel = np.flatnonzero(take)
+    if not len(sel):
+        return []
+    distinct, of = codes(list(map(api_keys.__getitem__, sel.tolist())))
+    pooled = ["matrix units" if key.rsplit(".", 1)[0].split(".", 1)[-1] in MATRIX_UNIT else key for key in distinct]
+    names, group = codes(list(map(pooled.__getitem__, of.tolist())))
+    order = np.argsort(group, kind="stable")            # each group's calls in call order
+    ends = np.cumsum(np.bincount(group, minlength=len(names))).tolist()
     found = []
-    for key in sorted(groups):
-        us = groups[key]
-        jumped = [u for u in us if u.status in ("introduces", "can't tell")]
-        beyond = [u for u in us if u.output_error > u.threshold]
-        if len(us) < MIN_POPULATION or len(beyond) <= MOST * len(us) or not jumped:
+    for g in sorted(range(len(names)), key=names.__getitem__):
+        us = sel[order[(ends[g - 1] if g else 0):ends[g]]]
+        jumped = [j for j in us.tolist() if status[j] == "introduces" or status[j] == "can't tell"]
+        beyond = int(np.count_nonzero(out[us] > cf.threshold[k[us]]))
+        if len(us) < MIN_POPULATION or beyond <= MOST * len(us) or not jumped:
             continue
-        typical = st.median(u.output_error for u in us)
-        if typical > max(PLAUSIBLE, max(u.tolerance for u in us)) or not math.isfinite(typical):
+        typical = st.median(out[us].tolist())
+        if typical > max(PLAUSIBLE, float(tol[us].max())) or not math.isfinite(typical):
             continue
-        for u in jumped:
+        for j in jumped:
+            u = calls[j]
             u.device_error = typical
             if u.output_error <= STAND_OUT * typical:
                 u.status = "inherits"
-        found.append(DevicePrecision(key, len(us), typical, typical / max(us[0].tolerance, 1e-30)))
+        found.append(DevicePrecision(names[g], len(us), typical, typical / max(float(tol[us[0]]), 1e-30)))
     return found
 
 
@@ -1437,18 +1606,9 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
         device = _device_precision(eligible)
     statistics = result.mode != "tensor"
     paths_differ = None
-    spacing = _input_rounding(facts, len(calls)) if statistics else []
-    for u in calls:
-        stats_only = statistics and u.local is None
-        jump = STATS_JUMP if stats_only and (low or u.input_error) else JUMP
-        beyond = u.output_error is not None and u.output_error > u.threshold
-        bound = _amplification(result, u, facts) if stats_only and beyond and u.normalizes and u.draw is None else None
-        norm = norm_check(result, u, _Errors(facts.err), bound[0], _SPACING, STATS_JUMP) if bound is not None else None
-        rounding = spacing[u.index] if stats_only and beyond else 0.0
-        _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None, bound,
-               norm, rounding, beyond)
+    _judge_calls(result, calls, facts, bool(low), statistics)
     if statistics:
-        device += _stats_device_precision(eligible)
+        device += _stats_device_precision(eligible, facts)
         paths_differ = _after_differing_paths(calls, drawn, facts)
     if device and result.npu is not None and result.npu.meta.math_modes:
         from probe.dump.math_modes import reduced_precision
