@@ -9,9 +9,7 @@ read them.
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
-from operator import attrgetter
 
 MIN_PAIRED = 0.5      # fewer of a side's calls paired than this: the dumps are of different programs
 
@@ -21,7 +19,6 @@ NOTHING_PAIRED = "nothing_paired"
 UNRELATED_RUNS = "unrelated_runs"
 UNEXPLAINED_NONFINITE = "unexplained_nonfinite"
 KINDS = (EMPTY_SIDE, INCOMPLETE_DUMP, NOTHING_PAIRED, UNRELATED_RUNS, UNEXPLAINED_NONFINITE)
-_NPU_ENTRY, _BENCH_ENTRY, _STATUS = attrgetter("npu_entry"), attrgetter("bench_entry"), attrgetter("status")
 
 
 @dataclass
@@ -91,12 +88,10 @@ def coverage(result, eligible: list, culprit, nonfinite: list) -> Coverage:
     """The gaps of one compare. ``eligible``: the diagnosis's calls (API calls, or modules
     of an L0 dump); ``culprit``: the first divergence's call, or None; ``nonfinite``: the
     calls whose output has NaN/Inf on one side only."""
-    # (counted in C: 100k calls of bench/compare.py's big pair)
-    npu_calls = sum(map(bool, map(_NPU_ENTRY, eligible)))
-    bench_calls = sum(map(bool, map(_BENCH_ENTRY, eligible)))
-    statuses = Counter(map(_STATUS, eligible))
-    paired = len(eligible) - statuses["unmatched"]
-    compared = paired - statuses["not compared"]
+    npu_calls = sum(1 for u in eligible if u.npu_entry)
+    bench_calls = sum(1 for u in eligible if u.bench_entry)
+    paired = sum(1 for u in eligible if u.status != "unmatched")
+    compared = sum(1 for u in eligible if u.status not in ("unmatched", "not compared"))
     cov = Coverage(len(eligible), npu_calls, bench_calls, paired, compared,
                    dump_state(result.npu), dump_state(result.bench))
     empty = False

@@ -418,6 +418,10 @@ class _CallFacts:
     exact: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))       # CallDiag.exact_api
     normalizes: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     optimizer: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))   # phase "optimizer"
+    named: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))       # has an NPU entry
+    compared: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))    # status neither unmatched nor
+                                                                               # not compared (as made)
+    touched: set = field(default_factory=set)     # calls a step after _units set a field of (draw, local, ...)
     threshold: np.ndarray = field(default_factory=lambda: np.zeros(0))           # CallDiag.threshold, once judged
     input_threshold: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
@@ -654,7 +658,7 @@ def _units(result, errors, facts: _RowFacts):
     # the first entry each side has, where the call's first row lacks one
     for entries, entry_of, have in ((npu_entries, npu_entry_of, facts.has_npu),
                                     (first_bench, bench_entry_of, facts.has_bench)):
-        missing = [k for k, e in enumerate(entries) if e is None]
+        missing = list(compress(range(m), map(operator.is_, entries, repeat(None))))
         if missing:
             present = np.flatnonzero(have & np.isin(unit, missing))
             firsts = dict(zip(reversed(unit[present].tolist()), reversed(present.tolist())))   # the first wins
@@ -666,7 +670,9 @@ def _units(result, errors, facts: _RowFacts):
     status, input_error, output_error, worst, tolerance, one_minus_cos, max_rel = \
         _errors_of_calls(result, m, facts, errors)
     _saved_inputs(directions, npu_entries, input_error, output_error)
-    facts.calls = _CallFacts(input_error, output_error, np.array(tolerance, dtype=np.float64).reshape(-1))
+    facts.calls = _CallFacts(input_error, output_error, np.array(tolerance, dtype=np.float64).reshape(-1),
+                             named=np.fromiter(map(bool, npu_entries), bool, m),
+                             compared=np.fromiter(map(operator.eq, status, repeat("clean")), bool, m))
     input_error, output_error = (_with_none(x, np.isnan(x)) for x in (input_error, output_error))
     phases, apis, exact, api_keys, normalizes = _marks(directions, npu_entries, first_bench)
     facts.calls.api_keys, facts.calls.directions, facts.calls.modules = api_keys, directions, modules
@@ -715,6 +721,7 @@ def _one_sided_nonfinite(result, calls, facts: _RowFacts):
             continue            # its first such row names it; a row the compare did not find
                                 # NaN/Inf differing in (statistics a merge could not give): nothing known
         u.nonfinite_out, u.nonfinite_side = pairs[i].npu.name, "NPU" if bad_a[i] else "bench"
+        facts.calls.touched.add(u.index)
         made = not bad_in[u.index]
         if made and u.direction == "backward":
             f = forward.get(u.npu_entry[: -len("backward")] + "forward") if u.npu_entry else None
@@ -871,9 +878,8 @@ def _kind(api, direction: str) -> tuple:
     return (api.exact if direction == "forward" else api.exact_backward, api.key, api.leaf in NORMALIZING)
 
 
-_STATUS, _DRAW, _LOCAL, _DECLARED, _NOISE, _NOISE_IN, _NONFINITE_OUT, _NPU_ENTRY, _BENCH_ENTRY, _DIRECTION, \
-    _INDEX = map(operator.attrgetter, ("status", "draw", "local", "declared", "noise", "noise_in", "nonfinite_out",
-                                       "npu_entry", "bench_entry", "direction", "index"))
+_NPU_ENTRY, _INDEX = operator.attrgetter("npu_entry"), operator.attrgetter("index")
+_API_KEY = operator.attrgetter("api_key")
 
 
 def _judge_calls(result, calls: list, facts: _RowFacts, low: bool, statistics: bool) -> None:
@@ -888,16 +894,18 @@ def _judge_calls(result, calls: list, facts: _RowFacts, low: bool, statistics: b
     cf = facts.calls
     out, inp, tol = cf.output_error, cf.input_error, cf.tolerance
     inp0 = np.where(np.isnan(inp), 0.0, inp)                    # (u.input_error or 0.0)
-    declared = np.fromiter(map(_DECLARED, calls), np.float64, m)
-    noise = np.array([x or 0.0 for x in map(_NOISE, calls)], dtype=np.float64).reshape(-1)
-    noise_in = np.array([x or 0.0 for x in map(_NOISE_IN, calls)], dtype=np.float64).reshape(-1)
+    # what the steps after _units set (a draw, a replay, NaN/Inf on one side, the declared
+    # precision, the noise), read of the calls they set it on (``cf.touched``)
+    declared, noise, noise_in = np.zeros(m), np.zeros(m), np.zeros(m)
+    drawn, local, one_sided = np.zeros(m, bool), np.zeros(m, bool), np.zeros(m, bool)
+    for k in sorted(cf.touched):
+        u = calls[k]
+        declared[k], noise[k], noise_in[k] = u.declared, u.noise or 0.0, u.noise_in or 0.0
+        drawn[k], local[k], one_sided[k] = u.draw is not None, u.local is not None, bool(u.nonfinite_out)
     threshold = cf.threshold = np.maximum(np.maximum(tol, declared), NOISE_FACTOR * noise)   # CallDiag.threshold
     cf.input_threshold = np.maximum(tol, NOISE_FACTOR * noise_in)                            # ... input_threshold
     beyond = out > threshold                                                      # (NaN: None, never beyond)
-    drawn = np.fromiter(map(operator.is_not, map(_DRAW, calls), repeat(None)), bool, m)
-    local = np.fromiter(map(operator.is_not, map(_LOCAL, calls), repeat(None)), bool, m)
-    one_sided = np.fromiter(map(bool, map(_NONFINITE_OUT, calls)), bool, m)       # (nonfinite: one of them)
-    named = np.fromiter(map(bool, map(_NPU_ENTRY, calls)), bool, m)
+    named = cf.named
     keys, key_of = codes(cf.api_keys)
     monotone = np.array([_leaf(k) in MONOTONE for k in keys] or [False])[key_of] & named
     bounded = np.array([k.endswith(".forward") and _leaf(k) in _BOUNDED for k in keys] or [False])[key_of] & named
@@ -918,9 +926,7 @@ def _judge_calls(result, calls: list, facts: _RowFacts, low: bool, statistics: b
                norm, rounding, over)
     # the others: unmatched / not compared stay, within the threshold stay clean; beyond it
     # (no draw, replay, bound or extremes to ask), the rule of _judge's last branches
-    status = list(map(_STATUS, calls))
-    judged = np.fromiter(map(operator.ne, status, repeat("unmatched")), bool, m) \
-        & np.fromiter(map(operator.ne, status, repeat("not compared")), bool, m)
+    judged = cf.compared           # (not "unmatched" nor "not compared": no step before changes a status)
     act = np.flatnonzero(~alone & beyond & judged)
     if not len(act):
         return
@@ -933,9 +939,12 @@ def _judge_calls(result, calls: list, facts: _RowFacts, low: bool, statistics: b
     cant_select = ~inherits & statistics & exact
     jumped = ~inherits & ~cant_select & (out > jumps * np.maximum(inp0, roundings))
     amplified = (inp0 > cf.input_threshold[act]) | (cf.normalizes[act] & given)
-    verdicts = np.where(cant_select | (jumped & statistics & amplified), "can't tell",
-                        np.where(jumped, "introduces", "inherits")).tolist()
-    deque(map(setattr, map(calls.__getitem__, act.tolist()), repeat("status"), verdicts), 0)
+    verdict = np.where(cant_select | (jumped & statistics & amplified), 2, np.where(jumped, 1, 0))
+    deque(map(setattr, map(calls.__getitem__, act.tolist()), repeat("status"),
+              map(_VERDICTS.__getitem__, verdict.tolist())), 0)
+
+
+_VERDICTS = ("inherits", "introduces", "can't tell")
 
 
 def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | None = None,
@@ -1207,12 +1216,9 @@ def _stands_out(u: CallDiag) -> bool:
 def _eligible(calls):
     """API calls when the dump has them (module entries wrap them and would repeat the
     verdict one level up); modules for an L0 dump; never parameter-gradient entries."""
-    names = [a or b or "" for a, b in zip(map(_NPU_ENTRY, calls), map(_BENCH_ENTRY, calls))]     # (CallDiag.name)
-    modules = list(map(str.startswith, names, repeat("Module.")))
-    keep = list(map(operator.contains, repeat(("forward", "backward")), map(_DIRECTION, calls)))
-    if not all(modules):            # the dump has API calls
-        keep = list(map(operator.and_, keep, map(operator.not_, modules)))
-    return list(compress(calls, keep))
+    has_api = any(not u.name.startswith("Module.") for u in calls)
+    return [u for u in calls if (u.direction == "forward" or u.direction == "backward")
+            and (not has_api or not (u.npu_entry or u.bench_entry or "").startswith("Module."))]
 
 
 def _unmatched_before(seq, k):
@@ -1257,7 +1263,6 @@ def _round_fp16(x):
 _CASTS = {"torch.bfloat16": _round_bf16, "torch.float16": _round_fp16}
 
 
-_MODULE = operator.attrgetter("module")
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
@@ -1297,7 +1302,8 @@ def _state(calls, facts: _RowFacts) -> State:
     that is not dumped (HF's softmax output ``.to(bf16)``), the same shape and the
     extremes rounded to the new dtype. The step's forward tensors are taken in call
     order at once: an input is produced when an output with its key comes before it."""
-    forward = np.fromiter((u.direction == "forward" and u.phase != "optimizer" for u in calls), bool, len(calls))
+    cf = facts.calls
+    forward = np.fromiter(map(operator.eq, cf.directions, repeat("forward")), bool, len(calls)) & ~cf.optimizer
     io = facts.npu_io
     seq = np.flatnonzero(forward[facts.unit] & facts.npu_tensor & (io >= _IO_CODE["input"])
                          & (io <= _IO_CODE["output"]))
@@ -1328,7 +1334,7 @@ def _state(calls, facts: _RowFacts) -> State:
     differ = np.flatnonzero(todo & (err > 0))
     differ = differ[np.argsort(-err[differ], kind="stable")]      # largest error first, then in call order
     made = seq[differ].tolist()
-    modules = list(map(_MODULE, map(calls.__getitem__, facts.unit[seq[differ]].tolist())))
+    modules = list(map(cf.modules.__getitem__, facts.unit[seq[differ]].tolist()))
     return State(list(map(OutsideInput, map(facts.npu["name"].__getitem__, made),
                           map(facts.npu["shape"].__getitem__, made), err[differ].tolist(), modules)),
                  int(todo.sum()))
@@ -1403,58 +1409,97 @@ def _npu_entries(result, u) -> list:
 
 
 def _draws(calls, replays, facts: _RowFacts) -> Draws | None:
-    """Random calls judged by their law on the NPU side's own dump (draws.py)."""
+    """Random calls judged by their law on the NPU side's own dump (draws.py).
+
+    Whether an API can draw is asked of its first call (most calls of a dump: none), and a
+    dropout's law from statistics is checked for its calls at once (draws.dropout_laws_stats):
+    10k dropout calls of bench/compare.py's 100k-entry pair were a tenth of the diagnosis."""
     A = facts.npu_rows
-    may: dict = {}          # api_key -> whether its calls can draw (most calls of a dump: no)
-    drawing = []
-    for u in calls:
-        if not u.npu_entry or not u.api_key:      # (no API parsed from its NPU entry: u.api is None)
-            continue
-        can = may.get(u.api_key)
-        if can is None:
-            can = may[u.api_key] = draws.may_draw(u.api)
-        if can:
-            drawing.append(u)
+    api_keys = list(map(_API_KEY, calls))
+    named = list(map(operator.and_, map(bool, map(_NPU_ENTRY, calls)), map(bool, api_keys)))
+    asked = list(compress(range(len(calls)), named))      # (no API parsed from its NPU entry: u.api is None)
+    if not asked:
+        return None
+    keys, of = codes(list(map(api_keys.__getitem__, asked)))
+    _, firsts = np.unique(of, return_index=True)
+    can = np.array([draws.may_draw(calls[asked[f]].api) for f in firsts.tolist()] or [False])
+    drawing = list(map(calls.__getitem__, compress(asked, can[of].tolist())))
+    if not drawing:
+        return None
+    # each drawing call's first NPU tensor input and output row (-1: none)
+    mine = np.zeros(len(facts.calls.input_error), dtype=bool)
+    mine[list(map(_INDEX, drawing))] = True
+    rows = np.flatnonzero(mine[facts.unit] & facts.npu_tensor)
+    first_in, first_out = (_first_row(facts, rows[facts.npu_io[rows] == _IO_CODE[io]], len(mine))
+                           for io in ("input", "output"))
     # a call's forward call is of its API: one that can draw too
     forward = {u.npu_entry: u for u in drawing if u.direction == "forward"}
-    n, differ, first, unjudged = 0, 0, None, []
+    forward_rows: dict = {}          # forward call -> its NPU rows (its arguments)
+    checks: list = []                # per call drawn: (call, kind, its DrawCheck or its place in ``by_stats``)
+    by_stats: list = []              # dropout calls judged from statistics: (input row, output row, p)
     for u in drawing:
         api = u.api
         fwd = forward.get(f"{api.base}.forward")
-        fwd_rows = [r for r in map(A.__getitem__, fwd.rows) if r is not None] if fwd else []
+        fwd_rows: list = []
+        if fwd is not None:
+            if fwd.index not in forward_rows:
+                forward_rows[fwd.index] = [r for r in map(A.__getitem__, fwd.rows) if r is not None]
+            fwd_rows = forward_rows[fwd.index]
         kind = draws.draw_kind(api, fwd_rows)
         if kind is None:
             continue
-        rows = [r for r in map(A.__getitem__, u.rows) if r is not None and r.kind == "tensor"]
-        x = next((r for r in rows if r.io == "input"), None)
-        y = next((r for r in rows if r.io == "output"), None)
-        check = None
+        ix, iy = int(first_in[u.index]), int(first_out[u.index])
+        x, y = (A[ix] if ix >= 0 else None), (A[iy] if iy >= 0 else None)
+        found: DrawCheck | int | None = None      # its check, or its place in ``by_stats``
         if kind == "dropout" and api.leaf in DROPOUT_ARGS:
             p = draws.dropout_p(api, fwd_rows)
             got = replays.first_tensors(u.npu_entry) if replays is not None else None
             if got is not None:
-                check = draws.dropout_law_tensors(got[0], got[1], p, got[2])
+                found = draws.dropout_law_tensors(got[0], got[1], p, got[2])
             elif x is not None and y is not None and x.numel == y.numel:
-                check = draws.dropout_law_stats(x.stats, y.stats, p)
+                found = len(by_stats)
+                by_stats.append((ix, iy, p))
         elif kind in ("uniform", "normal") and y is not None:
             values = replays.output_tensor(u.npu_entry) if replays is not None else None
             if values is not None:
-                check = (draws.uniform_law_tensors if kind == "uniform" else draws.normal_law_tensors)(values)
+                found = (draws.uniform_law_tensors if kind == "uniform" else draws.normal_law_tensors)(values)
             else:
-                check = (draws.uniform_law_stats if kind == "uniform" else draws.normal_law_stats)(y.stats, y.numel)
-        if check is None:
+                found = (draws.uniform_law_stats if kind == "uniform" else draws.normal_law_stats)(y.stats, y.numel)
+        checks.append((u, kind, found))
+    laws: list = []
+    if by_stats:
+        xs, ys, ps = zip(*by_stats)
+        laws = draws.dropout_laws_stats(facts.npu_stats[list(xs)], facts.npu_stats[list(ys)],
+                                        np.array(ps, dtype=np.float64))
+    n, differ, first, unjudged = 0, 0, None, []
+    for u, kind, found in checks:
+        if isinstance(found, DrawCheck):
+            check = found
+        elif found is not None:
+            check = laws[found]
+        else:
             check = DrawCheck("", False, "a random draw: not compared element by element"
                               + (" (its mask is drawn inside the kernel: it cannot be checked; compare with "
                                  "eager attention, or dropout_p=0 for the check run)" if kind == "draw"
-                                 and api.leaf == "scaled_dot_product_attention" else ""))
+                                 and u.api.leaf == "scaled_dot_product_attention" else ""))
             unjudged.append(u.npu_entry)
         check.differs = u.output_error is not None and u.output_error > u.threshold
         u.draw = check
+        facts.calls.touched.add(u.index)
         n += 1
         if check.differs:
             differ += 1
             first = first or u.npu_entry
     return Draws(n, differ, first, unjudged) if n else None
+
+
+def _first_row(facts: _RowFacts, rows: np.ndarray, n_calls: int) -> np.ndarray:
+    """Per call, the first of ``rows`` (row indices, ascending) that is its; -1 for none."""
+    first = np.full(n_calls, -1, dtype=np.int64)
+    units = facts.unit[rows]
+    at = np.unique(units, return_index=True)[1]
+    first[units[at]] = rows[at]
+    return first
 
 
 def _after_differing_paths(calls, drawn, facts: _RowFacts) -> str | None:
@@ -1484,9 +1529,10 @@ def _after_differing_paths(calls, drawn, facts: _RowFacts) -> str | None:
     return shaped.npu_entry if shaped is not None and shaped.index == first else None
 
 
-def _declared_precision(result, calls) -> None:
+def _declared_precision(result, calls, touched: set) -> None:
     """Matrix-unit calls with fp32 outputs, in a pair where either run declares reduced-precision
-    products for them, are allowed ``REDUCED_PRODUCT`` of their own error (``declared``)."""
+    products for them, are allowed ``REDUCED_PRODUCT`` of their own error (``declared``; their
+    indices added to ``touched``)."""
     from probe.dump.math_modes import reduced_precision
     on: list = []
     for side in (result.npu, result.bench):
@@ -1503,51 +1549,41 @@ def _declared_precision(result, calls) -> None:
         api = u.api_key.rsplit(".", 1)[0].split(".", 1)[-1]
         if api in MATRIX_UNIT and (convs if api in _CONVS else matmuls):
             u.declared = REDUCED_PRODUCT
+            touched.add(u.index)
 
 
-def _stats_device_precision(calls, facts: _RowFacts) -> list:
+def _stats_device_precision(calls) -> list:
     """Statistics mode's counterpart of _device_precision: when most calls of one API (the
     matrix-unit family pooled) whose inputs agree within their tolerance still differ
     beyond it, their median output error is the device's; a call that jumped stays named
     only when its error stands out from it. (Calls whose inputs differ are left out: after
-    one faulty call every later one differs, and would pass for the device's precision.)
-    The calls are sorted into their APIs with numpy, per column (``facts.calls``)."""
+    one faulty call every later one differs, and would pass for the device's precision.)"""
     import statistics as st
-    cf = facts.calls
-    k = np.fromiter(map(_INDEX, calls), np.int64, len(calls))
-    status = list(map(_STATUS, calls))
-    out, inp, tol = cf.output_error[k], cf.input_error[k], cf.tolerance[k]
-    # the calls given (nearly) agreeing inputs: what each adds on its own
-    take = np.fromiter(map(operator.contains, repeat(("introduces", "can't tell", "clean", "inherits")), status),
-                       bool, len(k)) \
-        & np.fromiter(map(operator.is_, map(_DRAW, calls), repeat(None)), bool, len(k)) \
-        & ~np.isnan(out) & (np.where(np.isnan(inp), 0.0, inp) <= cf.input_threshold[k])
-    api_keys = list(map(cf.api_keys.__getitem__, k.tolist()))
-    take &= np.fromiter(map(bool, api_keys), bool, len(k))
-    sel = np.flatnonzero(take)
-    if not len(sel):
-        return []
-    distinct, of = codes(list(map(api_keys.__getitem__, sel.tolist())))
-    pooled = ["matrix units" if key.rsplit(".", 1)[0].split(".", 1)[-1] in MATRIX_UNIT else key for key in distinct]
-    names, group = codes(list(map(pooled.__getitem__, of.tolist())))
-    order = np.argsort(group, kind="stable")            # each group's calls in call order
-    ends = np.cumsum(np.bincount(group, minlength=len(names))).tolist()
+    groups: dict = {}
+    pooled: dict = {}       # api_key -> its group's key
+    for u in calls:   # the calls given (nearly) agreeing inputs: what each adds on its own
+        if u.status in ("introduces", "can't tell", "clean", "inherits") and u.api_key and u.draw is None \
+                and u.output_error is not None and (u.input_error or 0.0) <= u.input_threshold:
+            key = pooled.get(u.api_key)
+            if key is None:
+                api = u.api_key.rsplit(".", 1)[0].split(".", 1)[-1]
+                key = pooled[u.api_key] = "matrix units" if api in MATRIX_UNIT else u.api_key
+            groups.setdefault(key, []).append(u)
     found = []
-    for g in sorted(range(len(names)), key=names.__getitem__):
-        us = sel[order[(ends[g - 1] if g else 0):ends[g]]]
-        jumped = [j for j in us.tolist() if status[j] == "introduces" or status[j] == "can't tell"]
-        beyond = int(np.count_nonzero(out[us] > cf.threshold[k[us]]))
-        if len(us) < MIN_POPULATION or beyond <= MOST * len(us) or not jumped:
+    for key in sorted(groups):
+        us = groups[key]
+        jumped = [u for u in us if u.status in ("introduces", "can't tell")]
+        beyond = [u for u in us if u.output_error > u.threshold]
+        if len(us) < MIN_POPULATION or len(beyond) <= MOST * len(us) or not jumped:
             continue
-        typical = st.median(out[us].tolist())
-        if typical > max(PLAUSIBLE, float(tol[us].max())) or not math.isfinite(typical):
+        typical = st.median(u.output_error for u in us)
+        if typical > max(PLAUSIBLE, max(u.tolerance for u in us)) or not math.isfinite(typical):
             continue
-        for j in jumped:
-            u = calls[j]
+        for u in jumped:
             u.device_error = typical
             if u.output_error <= STAND_OUT * typical:
                 u.status = "inherits"
-        found.append(DevicePrecision(names[g], len(us), typical, typical / max(float(tol[us[0]]), 1e-30)))
+        found.append(DevicePrecision(key, len(us), typical, typical / max(us[0].tolerance, 1e-30)))
     return found
 
 
@@ -1590,10 +1626,13 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
     errors = row_errors(result, facts)
     calls = _units(result, errors, facts)
     low = _low_precision(result)
-    _declared_precision(result, calls)
-    for u in calls:
-        if noise and u.bench_entry in noise:
-            u.noise_in, u.noise = noise[u.bench_entry]
+    touched = facts.calls.touched         # calls whose fields the steps below set (_judge_calls reads them)
+    _declared_precision(result, calls, touched)
+    if noise:
+        for u in calls:
+            if u.bench_entry in noise:
+                u.noise_in, u.noise = noise[u.bench_entry]
+                touched.add(u.index)
     eligible = _eligible(calls)
     replayed = 0
     replays = None
@@ -1603,12 +1642,13 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
     device = []
     if replays is not None:
         replayed = _replay(result, eligible, replays, progress)
+        touched.update(u.index for u in eligible if u.local is not None)
         device = _device_precision(eligible)
     statistics = result.mode != "tensor"
     paths_differ = None
     _judge_calls(result, calls, facts, bool(low), statistics)
     if statistics:
-        device += _stats_device_precision(eligible, facts)
+        device += _stats_device_precision(eligible)
         paths_differ = _after_differing_paths(calls, drawn, facts)
     if device and result.npu is not None and result.npu.meta.math_modes:
         from probe.dump.math_modes import reduced_precision

@@ -185,6 +185,37 @@ def dropout_law_stats(x_stats, y_stats, p: float) -> DrawCheck:
                                        f"by 1/(1-p) give")
 
 
+def dropout_laws_stats(x_stats, y_stats, ps) -> list:
+    """``dropout_law_stats`` of many calls at once (numpy arrays: k x Max/Min/Mean/Norm of
+    their inputs and outputs, k values of p), with the same float operations in the same
+    order; a call whose law breaks or cannot be read is left to ``dropout_law_stats``
+    itself, for its reason (10k dropout calls on bench/compare.py's 100k-entry pair)."""
+    import numpy as np
+    mx, mn, nx = x_stats[:, 0], x_stats[:, 1], x_stats[:, 3]
+    my, ny_min, ny = y_stats[:, 0], y_stats[:, 1], y_stats[:, 3]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        readable = np.isfinite(x_stats[:, [0, 1, 3]]).all(axis=1) & np.isfinite(y_stats[:, [0, 1, 3]]).all(axis=1) \
+            & (nx != 0)
+        scale = 1.0 / (1.0 - ps)
+        big = np.maximum(np.abs(mx), np.abs(mn))
+        within = ~(np.maximum(np.abs(my), np.abs(ny_min)) > big * scale * (1 + 2 ** -7))
+        ratio = ny * ny * (1 - ps) / (nx * nx)
+        se = np.where(ps > 0, np.sqrt(ps / (1 - ps)) * big / nx, 0.0)
+        holds = readable & within & ~((se != 0) & (np.abs(ratio - 1) > Z * se))
+    reasons: dict = {}
+    out = []
+    for k, (ok, p) in enumerate(zip(holds.tolist(), ps.tolist())):
+        if ok:
+            reason = reasons.get(p)
+            if reason is None:
+                reason = reasons[p] = (f"a dropout draw (p = {p:g}): its Norm is what kept elements scaled "
+                                       f"by 1/(1-p) give")
+            out.append(DrawCheck("dropout", False, reason))
+        else:
+            out.append(dropout_law_stats(tuple(x_stats[k].tolist()), tuple(y_stats[k].tolist()), p))
+    return out
+
+
 def uniform_law_stats(y_stats, n) -> DrawCheck:
     mx, mn, mean, _ = y_stats
     if mn < 0 or mx >= 1:
