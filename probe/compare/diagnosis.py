@@ -419,6 +419,9 @@ class _CallFacts:
     normalizes: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     optimizer: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))   # phase "optimizer"
     named: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))       # has an NPU entry
+    key_names: list = field(default_factory=list)     # the distinct api_keys ...
+    key_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # ... and each call's among them
+    keyed: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))       # per key name: it is not ""
     compared: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))    # status neither unmatched nor
                                                                                # not compared (as made)
     touched: set = field(default_factory=set)     # calls a step after _units set a field of (draw, local, ...)
@@ -676,6 +679,8 @@ def _units(result, errors, facts: _RowFacts):
     input_error, output_error = (_with_none(x, np.isnan(x)) for x in (input_error, output_error))
     phases, apis, exact, api_keys, normalizes = _marks(directions, npu_entries, first_bench)
     facts.calls.api_keys, facts.calls.directions, facts.calls.modules = api_keys, directions, modules
+    facts.calls.key_names, facts.calls.key_of = codes(api_keys)
+    facts.calls.keyed = np.array(list(map(bool, facts.calls.key_names)) or [False], dtype=bool)
     facts.calls.exact = np.array(exact, dtype=bool).reshape(-1)
     facts.calls.normalizes = np.array(normalizes, dtype=bool).reshape(-1)
     facts.calls.optimizer = np.fromiter(map(operator.eq, phases, repeat("optimizer")), bool, m)
@@ -906,7 +911,7 @@ def _judge_calls(result, calls: list, facts: _RowFacts, low: bool, statistics: b
     cf.input_threshold = np.maximum(tol, NOISE_FACTOR * noise_in)                            # ... input_threshold
     beyond = out > threshold                                                      # (NaN: None, never beyond)
     named = cf.named
-    keys, key_of = codes(cf.api_keys)
+    keys, key_of = cf.key_names, cf.key_of
     monotone = np.array([_leaf(k) in MONOTONE for k in keys] or [False])[key_of] & named
     bounded = np.array([k.endswith(".forward") and _leaf(k) in _BOUNDED for k in keys] or [False])[key_of] & named
     stats_only = statistics & ~local
@@ -1414,16 +1419,16 @@ def _draws(calls, replays, facts: _RowFacts) -> Draws | None:
     Whether an API can draw is asked of its first call (most calls of a dump: none), and a
     dropout's law from statistics is checked for its calls at once (draws.dropout_laws_stats):
     10k dropout calls of bench/compare.py's 100k-entry pair were a tenth of the diagnosis."""
-    A = facts.npu_rows
-    api_keys = list(map(_API_KEY, calls))
-    named = list(map(operator.and_, map(bool, map(_NPU_ENTRY, calls)), map(bool, api_keys)))
-    asked = list(compress(range(len(calls)), named))      # (no API parsed from its NPU entry: u.api is None)
-    if not asked:
+    A, cf = facts.npu_rows, facts.calls
+    every = np.fromiter(map(_INDEX, calls), np.int64, len(calls))
+    key = cf.key_of[every]
+    asked = np.flatnonzero(cf.named[every] & cf.keyed[key])   # (no API parsed from its NPU entry: u.api is None)
+    if not len(asked):
         return None
-    keys, of = codes(list(map(api_keys.__getitem__, asked)))
-    _, firsts = np.unique(of, return_index=True)
-    can = np.array([draws.may_draw(calls[asked[f]].api) for f in firsts.tolist()] or [False])
-    drawing = list(map(calls.__getitem__, compress(asked, can[of].tolist())))
+    can = np.zeros(len(cf.key_names), dtype=bool)
+    for f in np.unique(key[asked], return_index=True)[1].tolist():
+        can[key[asked[f]]] = draws.may_draw(calls[int(asked[f])].api)
+    drawing = list(map(calls.__getitem__, asked[can[key[asked]]].tolist()))
     if not drawing:
         return None
     # each drawing call's first NPU tensor input and output row (-1: none)
@@ -1434,25 +1439,41 @@ def _draws(calls, replays, facts: _RowFacts) -> Draws | None:
                            for io in ("input", "output"))
     # a call's forward call is of its API: one that can draw too
     forward = {u.npu_entry: u for u in drawing if u.direction == "forward"}
-    forward_rows: dict = {}          # forward call -> its NPU rows (its arguments)
+    forward_args: dict = {}          # forward call -> (its scalar arguments (draws.arguments), their number)
+    numbered: dict = {}              # the arguments' items -> their number (most calls: a few sets)
+    kinds: dict = {}                 # (API key, arguments' number) -> (draw kind, dropout's p)
     checks: list = []                # per call drawn: (call, kind, its DrawCheck or its place in ``by_stats``)
     by_stats: list = []              # dropout calls judged from statistics: (input row, output row, p)
     for u in drawing:
         api = u.api
         fwd = forward.get(f"{api.base}.forward")
-        fwd_rows: list = []
+        args: dict | None = None
+        number: int | None = -1
         if fwd is not None:
-            if fwd.index not in forward_rows:
-                forward_rows[fwd.index] = [r for r in map(A.__getitem__, fwd.rows) if r is not None]
-            fwd_rows = forward_rows[fwd.index]
-        kind = draws.draw_kind(api, fwd_rows)
+            args, number = forward_args.get(fwd.index, (None, None))
+            if args is None:
+                args = draws.arguments(r for r in map(A.__getitem__, fwd.rows) if r is not None)
+                try:            # (typed: an argument 1 is not True, nor 0.1 a text)
+                    number = numbered.setdefault(tuple((name, place, type(value), value)
+                                                       for name, (place, value) in args.items()), len(numbered))
+                except TypeError:       # an argument that is no key (a list): asked alone
+                    number = None
+                forward_args[fwd.index] = args, number
+        # a draw's kind and p are its API's (key) and its arguments' alone: asked once per such pair
+        law = kinds.get((u.api_key, number)) if number is not None else None
+        if law is None:
+            kind = draws.draw_kind(api, args or {})
+            law = kind, (draws.dropout_p(api, args or {}) if kind == "dropout" and api.leaf in DROPOUT_ARGS
+                         else None)
+            if number is not None:
+                kinds[u.api_key, number] = law
+        kind, p = law
         if kind is None:
             continue
         ix, iy = int(first_in[u.index]), int(first_out[u.index])
         x, y = (A[ix] if ix >= 0 else None), (A[iy] if iy >= 0 else None)
         found: DrawCheck | int | None = None      # its check, or its place in ``by_stats``
-        if kind == "dropout" and api.leaf in DROPOUT_ARGS:
-            p = draws.dropout_p(api, fwd_rows)
+        if p is not None:             # (a dropout of DROPOUT_ARGS)
             got = replays.first_tensors(u.npu_entry) if replays is not None else None
             if got is not None:
                 found = draws.dropout_law_tensors(got[0], got[1], p, got[2])
