@@ -528,9 +528,10 @@ def _stats(columns: dict, side: str, rows: list, read: list | None) -> np.ndarra
     if read is None or len(read) != n or not all(isinstance(c, np.ndarray) and c.shape == (n,) for c in cols):
         return stats_of(rows)
     stats = np.column_stack(cols)
+    if rows == read:                # (each row the same: list equality's identity test, in C)
+        return stats
     changed = np.flatnonzero(np.fromiter(map(operator.is_not, rows, read), bool, n))
-    if len(changed):
-        stats[changed] = stats_of(list(map(rows.__getitem__, changed.tolist())))
+    stats[changed] = stats_of(list(map(rows.__getitem__, changed.tolist())))
     return stats
 
 
