@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from collections import deque
 from itertools import compress, repeat
@@ -247,10 +248,40 @@ class OutsideInput(msgspec.Struct, gc=False):
     module: str | None
 
 
+class OutsideInputs(Sequence):
+    """``State.differing``: a list of OutsideInput, each made when it is read (the summary
+    reads a few and the count: 100k of them made at once were a tenth of the diagnosis on
+    bench/compare.py's 100k-entry pair). ``rows``, ``errors``, ``calls``: per input, its
+    table row, its error and its call; ``names``, ``shapes``: per table row; ``modules``:
+    per call."""
+    __slots__ = ("_rows", "_errors", "_calls", "_names", "_shapes", "_modules")
+
+    def __init__(self, rows: np.ndarray, errors: np.ndarray, calls: np.ndarray, names: list, shapes: list,
+                 modules: list):
+        self._rows, self._errors, self._calls = rows, errors, calls
+        self._names, self._shapes, self._modules = names, shapes, modules
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        i = int(self._rows[k])
+        return OutsideInput(self._names[i], self._shapes[i], float(self._errors[k]),
+                            self._modules[int(self._calls[k])])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
 @dataclass
 class State:
     """Inputs read from outside the step that differ: the previous steps' updates."""
-    differing: list                   # OutsideInput, largest error first
+    differing: Sequence               # OutsideInput, largest error first (OutsideInputs)
     compared: int                     # outside inputs compared
 
     @property
@@ -920,7 +951,12 @@ def _judge_calls(result, calls: list, facts: _RowFacts, low: bool, statistics: b
     normalizers = stats_only & beyond & cf.normalizes & bounded
     alone = drawn | local | one_sided | (stats_only & monotone) | normalizers
     bounds = _amplifications(result, calls, facts, np.flatnonzero(normalizers & ~drawn).tolist())
-    for k in np.flatnonzero(alone).tolist():
+    # a draw with no NaN/Inf of its own and no replay: its law decides (_judge's draw branch)
+    by_law = drawn & ~one_sided & ~local
+    for k in np.flatnonzero(by_law).tolist():
+        u = calls[k]
+        u.status = "introduces" if u.draw.broken else "draw"
+    for k in np.flatnonzero(alone & ~by_law).tolist():
         u = calls[k]
         alone_stats = statistics and u.local is None
         jump = STATS_JUMP if alone_stats and (low or u.input_error) else JUMP
@@ -1339,11 +1375,9 @@ def _state(calls, facts: _RowFacts) -> State:
         todo[ask] = ~_first_before(cid, n_cid, pos, src, ask)
     differ = np.flatnonzero(todo & (err > 0))
     differ = differ[np.argsort(-err[differ], kind="stable")]      # largest error first, then in call order
-    made = seq[differ].tolist()
-    modules = list(map(cf.modules.__getitem__, facts.unit[seq[differ]].tolist()))
-    return State(list(map(OutsideInput, map(facts.npu["name"].__getitem__, made),
-                          map(facts.npu["shape"].__getitem__, made), err[differ].tolist(), modules)),
-                 int(todo.sum()))
+    made = seq[differ]
+    return State(OutsideInputs(made, err[differ], facts.unit[made], facts.npu["name"], facts.npu["shape"],
+                               cf.modules), int(todo.sum()))
 
 
 def _drift(calls) -> Drift:

@@ -77,6 +77,7 @@ def compare_pair(npu_json: str, bench_json: str, output_path: str, options: Comp
                 merged.after_diagnosis(result, diag)
             mark_rows(result, diag)      # the rows say what the diagnosis found
             give_back_free_heap()        # its temporaries' pages: not under the report's peak
+        result.table_rows = None         # (the diagnosis's: not held under the report's peak)
         paths = write_report(result, output_path, tag, diag, bench2_json, html=output.html, progress=bar)
     summary = None
     if analysis.auto_analyze:
