@@ -460,7 +460,8 @@ class _CallFacts:
     input_threshold: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
-_SIDE_FIELDS = ("kind", "io", "shape", "dtype", "entry", "name")    # what the diagnosis reads of each row
+# what the diagnosis reads of each side's rows (the bench side's names: none)
+_SIDE_FIELDS = {"NPU": ("kind", "io", "shape", "dtype", "entry", "name"), "Bench": ("kind", "io", "shape", "dtype", "entry")}
 
 
 @dataclass
@@ -488,7 +489,8 @@ class _RowFacts:
     tol_names: list          # the tolerance classes (the "Tolerance Dtype" column's values) ...
     tol_code: np.ndarray     # ... and each row's, as its index in them
     floor: np.ndarray        # each row's tolerance class's floor (tolerances.tolerance_for)
-    npu: dict                # per side, field name (_SIDE_FIELDS) -> each row's (None where it has no row)
+    npu: dict                # per side, field name -> each row's (None where it has no row): the
+                             # NPU side's shape, dtype, entry and name, the bench side's dtype and entry
     bench: dict
     bench_io: np.ndarray     # the bench row's part: _IO_CODE, 0 for none
     aligns: list             # each pair's ``Pair.align``
@@ -507,7 +509,10 @@ class _RowFacts:
         floor = np.array([tolerance_for(t).floor for t in tol_names] or [0.0])[tol_code]
         A, B, aligns = fields_of(pairs, ("npu", "bench", "align"))
         read = result.table_rows or (None, None)
-        fa, fb = (dict(zip(_SIDE_FIELDS, fields_of(rows, _SIDE_FIELDS))) for rows in (A, B))
+        # (the compare's own lists where the pairs still hold those rows: one copy, not two)
+        A, B = (was if was is not None and rows == was else rows for rows, was in ((A, read[0]), (B, read[1])))
+        fa, fb = (dict(zip(_SIDE_FIELDS[side], fields_of(rows, _SIDE_FIELDS[side])))
+                  for side, rows in (("NPU", A), ("Bench", B)))
         npu_stats, bench_stats = (_stats(result.columns, side, rows, was)
                                   for side, rows, was in (("NPU", A, read[0]), ("Bench", B, read[1])))
         kind_a, kind_b = fa["kind"], fb["kind"]
@@ -530,6 +535,9 @@ class _RowFacts:
             bench_numel[counted] = _numels(list(map(shape_b.__getitem__, counted.tolist())))
         part = np.where(paired & (npu_io >= _IO_CODE["output"]), _OUT,
                         np.where(paired & (npu_io >= 1), _IN, 0)).astype(np.int8)
+        for read in (fa, fb):       # (as arrays now: the lists not held through the diagnosis)
+            del read["kind"], read["io"]
+        del fb["shape"]
         return cls(npu_tensor, bench_tensor, npu_io, paired, part,
                    taken & (bench_io >= 1) & (bench_io <= _IO_CODE["parameters"]),
                    taken & (npu_io == _IO_CODE["output"]) & same_shape, same_shape, npu_stats, bench_stats,
@@ -722,6 +730,8 @@ def _units(result, errors, facts: _RowFacts):
                      repeat(None), repeat(False), normalizes, repeat(0.0), repeat(""), repeat(""), repeat(""),
                      repeat(False), repeat(None), repeat(None), apis))
     _one_sided_nonfinite(result, calls, facts)
+    del facts.npu["entry"], facts.bench["entry"]       # (read: not held through the rest)
+    facts.aligns = []
     return calls
 
 
