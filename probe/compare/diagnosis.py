@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from collections import deque
 from itertools import compress, repeat
 
 import msgspec
@@ -48,10 +50,11 @@ from .coverage import Coverage, coverage
 from .draws import DrawCheck
 from .local_error import LocalError, Replays
 from .normalized_norm import NormCheck, norm_check
-from .rows import field_of, numel_array, numels, stats_of
+from .rows import field_of, fields_of, numel_array, numels, stats_of
 from probe.precheck.entries import DROPOUT_ARGS, ApiEntry, parse_name
 from probe.python_compat import SLOTS
 from probe.tolerances import tolerance_for
+from probe.vocabulary import STATISTICS
 
 JUMP = 4.0           # output error above JUMP x input error: the call made it, not its inputs
 STATS_JUMP = 10.0    # the same from Max/Min/Mean/Norm alone in a bf16/fp16 run, or where the
@@ -245,10 +248,40 @@ class OutsideInput(msgspec.Struct, gc=False):
     module: str | None
 
 
+class OutsideInputs(Sequence):
+    """``State.differing``: a list of OutsideInput, each made when it is read (the summary
+    reads a few and the count: 100k of them made at once were a tenth of the diagnosis on
+    bench/compare.py's 100k-entry pair). ``rows``, ``errors``, ``calls``: per input, its
+    table row, its error and its call; ``names``, ``shapes``: per table row; ``modules``:
+    per call."""
+    __slots__ = ("_rows", "_errors", "_calls", "_names", "_shapes", "_modules")
+
+    def __init__(self, rows: np.ndarray, errors: np.ndarray, calls: np.ndarray, names: list, shapes: list,
+                 modules: list):
+        self._rows, self._errors, self._calls = rows, errors, calls
+        self._names, self._shapes, self._modules = names, shapes, modules
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        i = int(self._rows[k])
+        return OutsideInput(self._names[i], self._shapes[i], float(self._errors[k]),
+                            self._modules[int(self._calls[k])])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
 @dataclass
 class State:
     """Inputs read from outside the step that differ: the previous steps' updates."""
-    differing: list                   # OutsideInput, largest error first
+    differing: Sequence               # OutsideInput, largest error first (OutsideInputs)
     compared: int                     # outside inputs compared
 
     @property
@@ -342,8 +375,8 @@ def stat_errors(npu, bench, numel, floor):
     return out
 
 
-def row_errors(result, facts: _RowFacts) -> list:
-    """Per row: relative error on one scale (None where nothing was compared). Statistics
+def row_errors(result, facts: _RowFacts) -> np.ndarray:
+    """Per row: relative error on one scale (NaN where nothing was compared). Statistics
     mode measures every row at once; the tensor and md5 modes read their own columns a
     row at a time."""
     cols, mode = result.columns, result.mode
@@ -381,16 +414,54 @@ def row_errors(result, facts: _RowFacts) -> list:
         error = np.fromiter(map(operator.eq, map(verdicts.__getitem__, left.tolist()), repeat("error")),
                             bool, len(left))
         err[left[one_sided & error]] = math.inf
-    out = err.tolist()
-    for i in np.flatnonzero(np.isnan(err)).tolist():
-        out[i] = None
-    return out
+    return err
+
+
+class _Errors:
+    """The rows' errors as a list of them reads (``normalized_norm.norm_check``): a number,
+    or None where nothing was compared (NaN in the array)."""
+    __slots__ = ("err",)
+
+    def __init__(self, err: np.ndarray):
+        self.err = err
+
+    def __getitem__(self, i: int) -> float | None:
+        e = float(self.err[i])
+        return None if e != e else e
 
 
 _IN, _OUT = 1, 2        # a row's part as the diagnosis reads it: what a call takes, what it gives
 
 
 _IO_CODE = {io: k for k, io in enumerate(("input", "parameters", "output", "parameters_grad"), 1)}
+
+
+@dataclass
+class _CallFacts:
+    """Per call, as arrays: what the calls were made with (``_units``), for the steps that
+    read it of every call at once."""
+    input_error: np.ndarray          # NaN for None
+    output_error: np.ndarray
+    tolerance: np.ndarray
+    api_keys: list = field(default_factory=list)
+    directions: list = field(default_factory=list)
+    modules: list = field(default_factory=list)
+    exact: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))       # CallDiag.exact_api
+    normalizes: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    optimizer: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))   # phase "optimizer"
+    named: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))       # has an NPU entry
+    key_names: list = field(default_factory=list)     # the distinct api_keys ...
+    key_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # ... and each call's among them
+    keyed: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))       # per key name: it is not ""
+    compared: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))    # status neither unmatched nor
+                                                                               # not compared (as made)
+    touched: set = field(default_factory=set)     # calls a step after _units set a field of (draw, local, ...)
+    threshold: np.ndarray = field(default_factory=lambda: np.zeros(0))           # CallDiag.threshold, once judged
+    input_threshold: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+# what the diagnosis reads of each side's rows (the bench side's names: none)
+_SIDE_FIELDS = {"NPU": ("kind", "io", "shape", "dtype", "entry", "name"), "Bench": ("kind", "io", "shape", "dtype", "entry")}
 
 
 @dataclass
@@ -418,23 +489,38 @@ class _RowFacts:
     tol_names: list          # the tolerance classes (the "Tolerance Dtype" column's values) ...
     tol_code: np.ndarray     # ... and each row's, as its index in them
     floor: np.ndarray        # each row's tolerance class's floor (tolerances.tolerance_for)
+    npu: dict                # per side, field name -> each row's (None where it has no row): the
+                             # NPU side's shape, dtype, entry and name, the bench side's dtype and entry
+    bench: dict
+    bench_io: np.ndarray     # the bench row's part: _IO_CODE, 0 for none
+    aligns: list             # each pair's ``Pair.align``
     unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # the row's call (_units)
     err: np.ndarray = field(default_factory=lambda: np.zeros(0))   # the rows' errors as the calls read them
                                                                    # (NaN for None), once _units set them
+    calls: _CallFacts = field(default_factory=lambda: _CallFacts(np.zeros(0), np.zeros(0), np.zeros(0)))
+                                        # what _units made the calls with
 
     @classmethod
     def of(cls, result) -> _RowFacts:
         pairs = result.pairs
         n = len(pairs)
-        tol_names, tol_code = codes(list(result.columns["Tolerance Dtype"]))
+        tol_col = result.columns["Tolerance Dtype"]
+        tol_names, tol_code = codes(tol_col if type(tol_col) is list else list(tol_col))
         floor = np.array([tolerance_for(t).floor for t in tol_names] or [0.0])[tol_code]
-        A, B = [p.npu for p in pairs], [p.bench for p in pairs]
-        kind_a, kind_b = field_of(A, "kind"), field_of(B, "kind")
-        shape_a, shape_b = field_of(A, "shape"), field_of(B, "shape")
+        A, B, aligns = fields_of(pairs, ("npu", "bench", "align"))
+        read = result.table_rows or (None, None)
+        # (the compare's own lists where the pairs still hold those rows: one copy, not two)
+        A, B = (was if was is not None and rows == was else rows for rows, was in ((A, read[0]), (B, read[1])))
+        fa, fb = (dict(zip(_SIDE_FIELDS[side], fields_of(rows, _SIDE_FIELDS[side])))
+                  for side, rows in (("NPU", A), ("Bench", B)))
+        npu_stats, bench_stats = (_stats(result.columns, side, rows, was)
+                                  for side, rows, was in (("NPU", A, read[0]), ("Bench", B, read[1])))
+        kind_a, kind_b = fa["kind"], fb["kind"]
+        shape_a, shape_b = fa["shape"], fb["shape"]
         npu_tensor = np.fromiter(map(operator.eq, kind_a, repeat("tensor")), bool, n)
         bench_tensor = np.fromiter(map(operator.eq, kind_b, repeat("tensor")), bool, n)
-        npu_io = np.fromiter(map(_IO_CODE.get, field_of(A, "io"), repeat(0)), np.int8, n)
-        bench_io = np.fromiter(map(_IO_CODE.get, field_of(B, "io"), repeat(0)), np.int8, n)
+        npu_io = np.fromiter(map(_IO_CODE.get, fa["io"], repeat(0)), np.int8, n)
+        bench_io = np.fromiter(map(_IO_CODE.get, fb["io"], repeat(0)), np.int8, n)
         has_npu = np.fromiter(map(operator.is_not, A, repeat(None)), bool, n)
         has_bench = np.fromiter(map(operator.is_not, B, repeat(None)), bool, n)
         paired = has_npu & has_bench
@@ -442,19 +528,50 @@ class _RowFacts:
         taken = paired & bench_tensor
         # paired tensors only: a one-sided row's shape is never multiplied (it may not be numbers)
         if taken.all():
-            bench_numel = numel_array(shape_b)
+            bench_numel = _numels(shape_b)
         else:
             bench_numel = np.zeros(n, dtype=np.float64)
             counted = np.flatnonzero(taken)
-            bench_numel[counted] = numel_array(list(map(shape_b.__getitem__, counted.tolist())))
-        npu_stats, bench_stats = stats_of(A), stats_of(B)
+            bench_numel[counted] = _numels(list(map(shape_b.__getitem__, counted.tolist())))
         part = np.where(paired & (npu_io >= _IO_CODE["output"]), _OUT,
                         np.where(paired & (npu_io >= 1), _IN, 0)).astype(np.int8)
+        for read in (fa, fb):       # (as arrays now: the lists not held through the diagnosis)
+            del read["kind"], read["io"]
+        del fb["shape"]
         return cls(npu_tensor, bench_tensor, npu_io, paired, part,
                    taken & (bench_io >= 1) & (bench_io <= _IO_CODE["parameters"]),
                    taken & (npu_io == _IO_CODE["output"]) & same_shape, same_shape, npu_stats, bench_stats,
                    np.where(taken, bench_stats[:, 3], np.nan), bench_numel, A, B, has_npu, has_bench,
-                   tol_names, tol_code, floor)
+                   tol_names, tol_code, floor, fa, fb, bench_io, aligns)
+
+
+def _numels(shapes: list) -> np.ndarray:
+    """``rows.numel_array`` of ``shapes``, worked out per distinct shape and looked up by
+    value: a side's rows share a few shapes, and hashing those small tuples costs a quarter
+    of numbering them by identity (350k rows of the 100k-entry pair)."""
+    try:
+        distinct = dict.fromkeys(shapes)
+    except TypeError:               # a malformed (nested) shape: not a key
+        return numel_array(shapes)
+    per = dict(zip(distinct, numel_array(list(distinct)).tolist()))
+    return np.fromiter(map(per.__getitem__, shapes), np.float64, len(shapes))
+
+
+def _stats(columns: dict, side: str, rows: list, read: list | None) -> np.ndarray:
+    """One side's rows x STAT_KEYS statistics (NaN where a row has none): the table's
+    statistic columns, which the compare read from these rows (``CompareResult.table_rows``),
+    but for rows replaced since (a shard merge's), read again; all from the rows where
+    the table has no such columns (md5 mode) or no record of its rows."""
+    n = len(rows)
+    cols: list = [columns.get(f"{side} {s.column}") for s in STATISTICS]
+    if read is None or len(read) != n or not all(isinstance(c, np.ndarray) and c.shape == (n,) for c in cols):
+        return stats_of(rows)
+    stats = np.column_stack(cols)
+    if rows == read:                # (each row the same: list equality's identity test, in C)
+        return stats
+    changed = np.flatnonzero(np.fromiter(map(operator.is_not, rows, read), bool, n))
+    stats[changed] = stats_of(list(map(rows.__getitem__, changed.tolist())))
+    return stats
 
 
 def _per_call(n_calls: int, unit: np.ndarray, values: np.ndarray, empty=-np.inf) -> np.ndarray:
@@ -485,19 +602,16 @@ def _cancellation_floors(result, facts: _RowFacts, n_calls: int, errors):
     has = (first < len(pairs)) & np.isfinite(big_norm)
     big_numel = np.where(has, facts.bench_numel[np.minimum(first, len(pairs) - 1)], 0.0)
     has &= big_numel > 0
-    known = np.fromiter(map(operator.is_not, errors, repeat(None)), bool, len(errors))
-    out = np.flatnonzero(facts.out_same & known & (facts.bench_numel > 0) & has[facts.unit])
+    out = np.flatnonzero(facts.out_same & ~np.isnan(errors) & (facts.bench_numel > 0) & has[facts.unit])
     if not len(out):
         return
     u = facts.unit[out]
     rms = big_norm[u] / np.sqrt(big_numel[u])
     floors = rms * np.sqrt(np.maximum(big_numel[u] / facts.bench_numel[out], 1.0))
     floors = np.maximum(floors, facts.floor[out])
-    out_rows = out.tolist()
     new = stat_errors(facts.npu_stats[out], facts.bench_stats[out], facts.bench_numel[out], floors)
-    lower = new < np.fromiter(map(errors.__getitem__, out_rows), np.float64, len(out_rows))   # (NaN: never)
-    for i, e in zip(out[lower].tolist(), new[lower].tolist()):
-        errors[i] = e
+    lower = new < errors[out]       # (NaN: never)
+    errors[out[lower]] = new[lower]
 
 
 def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
@@ -515,7 +629,7 @@ def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
     with np.errstate(invalid="ignore"):
         rms = np.abs(bench[:, 3]) / np.sqrt(np.maximum(facts.bench_numel, 1))
         magnitude = np.maximum.reduce([np.abs(bench[:, 0]), np.abs(bench[:, 1]), rms])
-    known = np.fromiter(map(operator.is_not, errors, repeat(None)), bool, len(errors))
+    known = ~np.isnan(errors)
     finite = np.isfinite(magnitude)
     outs = np.flatnonzero(facts.out_same & finite & (facts.bench_numel > 0))
     if not len(outs):
@@ -532,9 +646,8 @@ def _gain_floors(result, facts: _RowFacts, n_calls: int, errors):
     if not len(ins):
         return
     new = stat_errors(facts.npu_stats[ins], bench[ins], facts.bench_numel[ins], floor / gain)
-    higher = new > np.fromiter(map(errors.__getitem__, ins.tolist()), np.float64, len(ins))   # (NaN: never)
-    for i, e in zip(ins[higher].tolist(), new[higher].tolist()):
-        errors[i] = e
+    higher = new > errors[ins]      # (NaN: never)
+    errors[ins[higher]] = new[higher]
 
 
 def _units(result, errors, facts: _RowFacts):
@@ -547,10 +660,9 @@ def _units(result, errors, facts: _RowFacts):
     worked out per column (``_errors_of_calls``) before the calls are made at once: a
     Python step per row and an attribute write per call and field were a third of the
     diagnosis on the 100k-entry pair (bench/compare.py)."""
-    pairs, A, B = result.pairs, facts.npu_rows, facts.bench_rows
-    n = len(pairs)
-    aligns = field_of(pairs, "align")
-    npu_entry_of, bench_entry_of = field_of(A, "entry"), field_of(B, "entry")
+    n = len(result.pairs)
+    aligns = facts.aligns
+    npu_entry_of, bench_entry_of = facts.npu["entry"], facts.bench["entry"]
     grouped = [i for i, a in enumerate(aligns) if a.startswith("group")] \
         if any(a.startswith("group") for a in set(aligns)) else []
     bench_only = np.flatnonzero(~facts.has_npu)
@@ -589,7 +701,7 @@ def _units(result, errors, facts: _RowFacts):
     # the first entry each side has, where the call's first row lacks one
     for entries, entry_of, have in ((npu_entries, npu_entry_of, facts.has_npu),
                                     (first_bench, bench_entry_of, facts.has_bench)):
-        missing = [k for k, e in enumerate(entries) if e is None]
+        missing = list(compress(range(m), map(operator.is_, entries, repeat(None))))
         if missing:
             present = np.flatnonzero(have & np.isin(unit, missing))
             firsts = dict(zip(reversed(unit[present].tolist()), reversed(present.tolist())))   # the first wins
@@ -601,14 +713,25 @@ def _units(result, errors, facts: _RowFacts):
     status, input_error, output_error, worst, tolerance, one_minus_cos, max_rel = \
         _errors_of_calls(result, m, facts, errors)
     _saved_inputs(directions, npu_entries, input_error, output_error)
-    input_error, output_error = ([None if e != e else e for e in x.tolist()] for x in (input_error, output_error))
+    facts.calls = _CallFacts(input_error, output_error, np.array(tolerance, dtype=np.float64).reshape(-1),
+                             named=np.fromiter(map(bool, npu_entries), bool, m),
+                             compared=np.fromiter(map(operator.eq, status, repeat("clean")), bool, m))
+    input_error, output_error = (_with_none(x, np.isnan(x)) for x in (input_error, output_error))
     phases, apis, exact, api_keys, normalizes = _marks(directions, npu_entries, first_bench)
+    facts.calls.api_keys, facts.calls.directions, facts.calls.modules = api_keys, directions, modules
+    facts.calls.key_names, facts.calls.key_of = codes(api_keys)
+    facts.calls.keyed = np.array(list(map(bool, facts.calls.key_names)) or [False], dtype=bool)
+    facts.calls.exact = np.array(exact, dtype=bool).reshape(-1)
+    facts.calls.normalizes = np.array(normalizes, dtype=bool).reshape(-1)
+    facts.calls.optimizer = np.fromiter(map(operator.eq, phases, repeat("optimizer")), bool, m)
     calls = list(map(CallDiag, range(m), directions, npu_entries, first_bench, matches, rows, input_error,
                      output_error, tolerance, repeat(None), repeat(None), worst, status, modules,
                      one_minus_cos, max_rel, phases, repeat(None), exact, repeat(None), api_keys, repeat(None),
                      repeat(None), repeat(False), normalizes, repeat(0.0), repeat(""), repeat(""), repeat(""),
                      repeat(False), repeat(None), repeat(None), apis))
     _one_sided_nonfinite(result, calls, facts)
+    del facts.npu["entry"], facts.bench["entry"]       # (read: not held through the rest)
+    facts.aligns = []
     return calls
 
 
@@ -645,6 +768,7 @@ def _one_sided_nonfinite(result, calls, facts: _RowFacts):
             continue            # its first such row names it; a row the compare did not find
                                 # NaN/Inf differing in (statistics a merge could not give): nothing known
         u.nonfinite_out, u.nonfinite_side = pairs[i].npu.name, "NPU" if bad_a[i] else "bench"
+        facts.calls.touched.add(u.index)
         made = not bad_in[u.index]
         if made and u.direction == "backward":
             f = forward.get(u.npu_entry[: -len("backward")] + "forward") if u.npu_entry else None
@@ -659,9 +783,7 @@ def _errors_of_calls(result, n: int, facts: _RowFacts, errors) -> tuple:
     last such row on a tie), tolerance (its outputs' loosest dtype), and its outputs'
     worst 1 - cosine and max relative error (None where a call has none)."""
     cols = result.columns
-    known = np.fromiter(map(operator.is_not, errors, repeat(None)), bool, len(errors))
-    err = facts.err = np.full(len(errors), np.nan)
-    err[known] = np.fromiter(compress(errors, known.tolist()), np.float64, int(known.sum()))
+    err = facts.err = errors
     known = facts.paired & ~np.isnan(err)
     ins, outs = np.flatnonzero(known & (facts.part == _IN)), np.flatnonzero(known & (facts.part == _OUT))
     paired = np.bincount(facts.unit[facts.paired], minlength=n) > 0
@@ -689,7 +811,7 @@ def _errors_of_calls(result, n: int, facts: _RowFacts, errors) -> tuple:
                 v = values(np.array(cells, dtype=np.float64))
             else:
                 v = np.array([value(_f(c)) for c in cells], dtype=np.float64).reshape(-1)
-        return _per_call(n, facts.unit[outs], v).tolist()
+        return _per_call(n, facts.unit[outs], v)
     with np.errstate(invalid="ignore"):
         one_minus_cos = worst_of(cos_col, lambda c: -np.inf if c is None or math.isnan(c) else 1 - c,
                                  lambda c: np.where(np.isnan(c), -np.inf, 1 - c))
@@ -700,25 +822,38 @@ def _errors_of_calls(result, n: int, facts: _RowFacts, errors) -> tuple:
     status = np.where(~paired, "unmatched", np.where(has_out, "clean", "not compared")).tolist()
     inputs = np.where(paired, np.where(input_error == -np.inf, 0.0, input_error), np.nan)
     outputs = np.where(compared, output_error, np.nan)
-    worsts = [w if c else None for c, w in zip(compared.tolist(), worst.tolist())]
-    tolerances = [(t if t != -math.inf else f32) if c else UNJUDGED_TOLERANCE
-                  for c, t in zip(compared.tolist(), tolerance.tolist())]
+    worsts = _with_none(worst, ~compared)
+    tolerances = np.where(compared, np.where(tolerance == -np.inf, f32, tolerance), UNJUDGED_TOLERANCE).tolist()
 
     def cells(values):
         if values is None:
             return [None] * n
-        return [v if c and v != -math.inf else None for c, v in zip(compared.tolist(), values)]
+        return _with_none(values, ~compared | (values == -np.inf))
     return status, inputs, outputs, worsts, tolerances, cells(one_minus_cos), cells(max_rel)
+
+
+def _with_none(values: np.ndarray, empty: np.ndarray) -> list:
+    """``values`` as a list of numbers, None where ``empty``."""
+    out = values.tolist()
+    for i in np.flatnonzero(empty).tolist():
+        out[i] = None
+    return out
 
 
 def _saved_inputs(directions: list, npu_entries: list, input_error: np.ndarray, output_error: np.ndarray):
     """A backward call computes from what its forward call saved (inputs, weights,
     outputs) as well as from the gradients it receives: their error is its input too.
-    (Per call, before the calls are made: ``input_error`` (NaN for None) is updated in place.)"""
-    forward = {e: k for k, (d, e) in enumerate(zip(directions, npu_entries)) if d == "forward" and e}
-    cut = -len("backward")
-    links = [(k, f) for k, (d, e) in enumerate(zip(directions, npu_entries)) if d == "backward" and e
-             for f in (forward.get(e[:cut] + "forward"),) if f is not None]
+    (Per call, before the calls are made: ``input_error`` (NaN for None) is updated in place.
+    Each backward call's forward entry looked up in C: ``map`` over 100k calls.)"""
+    m = len(directions)
+    named = list(map(bool, npu_entries))
+    fwd = list(map(operator.and_, map(operator.eq, directions, repeat("forward")), named))
+    forward = dict(zip(compress(npu_entries, fwd), compress(range(m), fwd)))    # (the last of a name wins)
+    bwd = list(map(operator.and_, map(operator.eq, directions, repeat("backward")), named))
+    ks_all = list(compress(range(m), bwd))
+    heads = map(_BEFORE_BACKWARD, compress(npu_entries, bwd))
+    fs_all = list(map(forward.get, map(str.__add__, heads, repeat("forward"))))
+    links = [(k, f) for k, f in zip(ks_all, fs_all) if f is not None]
     if not links:
         return
     ks, fs = (np.array(x, dtype=np.int64) for x in zip(*links))
@@ -728,6 +863,9 @@ def _saved_inputs(directions: list, npu_entries: list, input_error: np.ndarray, 
     for other in (input_error[fs], output_error[fs]):      # as max() over those there: the first of equals stays
         worst = np.where(other > worst, other, worst)
     input_error[ks] = worst
+
+
+_BEFORE_BACKWARD = operator.itemgetter(slice(None, -len("backward")))
 
 
 def _marks(directions: list, npu_entries: list, bench_entries: list) -> tuple:
@@ -787,6 +925,80 @@ def _kind(api, direction: str) -> tuple:
     return (api.exact if direction == "forward" else api.exact_backward, api.key, api.leaf in NORMALIZING)
 
 
+_NPU_ENTRY, _INDEX = operator.attrgetter("npu_entry"), operator.attrgetter("index")
+_API_KEY = operator.attrgetter("api_key")
+
+
+def _judge_calls(result, calls: list, facts: _RowFacts, low: bool, statistics: bool) -> None:
+    """``_judge`` of every call, the usual ones at once.
+
+    A call whose status needs more than its numbers (a draw, a replay, NaN/Inf on one side,
+    in statistics mode a monotone call's extremes or a bounded normalizer's amplification)
+    is judged one at a time; every other call's rule reads its input and output error, its
+    threshold and what its API is, which numpy works out per column: a Python step per call
+    was a fifth of the diagnosis on bench/compare.py's 100k-entry pair."""
+    m = len(calls)
+    cf = facts.calls
+    out, inp, tol = cf.output_error, cf.input_error, cf.tolerance
+    inp0 = np.where(np.isnan(inp), 0.0, inp)                    # (u.input_error or 0.0)
+    # what the steps after _units set (a draw, a replay, NaN/Inf on one side, the declared
+    # precision, the noise), read of the calls they set it on (``cf.touched``)
+    declared, noise, noise_in = np.zeros(m), np.zeros(m), np.zeros(m)
+    drawn, local, one_sided = np.zeros(m, bool), np.zeros(m, bool), np.zeros(m, bool)
+    for k in sorted(cf.touched):
+        u = calls[k]
+        declared[k], noise[k], noise_in[k] = u.declared, u.noise or 0.0, u.noise_in or 0.0
+        drawn[k], local[k], one_sided[k] = u.draw is not None, u.local is not None, bool(u.nonfinite_out)
+    threshold = cf.threshold = np.maximum(np.maximum(tol, declared), NOISE_FACTOR * noise)   # CallDiag.threshold
+    cf.input_threshold = np.maximum(tol, NOISE_FACTOR * noise_in)                            # ... input_threshold
+    beyond = out > threshold                                                      # (NaN: None, never beyond)
+    named = cf.named
+    keys, key_of = cf.key_names, cf.key_of
+    monotone = np.array([_leaf(k) in MONOTONE for k in keys] or [False])[key_of] & named
+    bounded = np.array([k.endswith(".forward") and _leaf(k) in _BOUNDED for k in keys] or [False])[key_of] & named
+    stats_only = statistics & ~local
+    spacing = _input_rounding(facts, m) if statistics else np.zeros(m)
+    normalizers = stats_only & beyond & cf.normalizes & bounded
+    alone = drawn | local | one_sided | (stats_only & monotone) | normalizers
+    bounds = _amplifications(result, calls, facts, np.flatnonzero(normalizers & ~drawn).tolist())
+    # a draw with no NaN/Inf of its own and no replay: its law decides (_judge's draw branch)
+    by_law = drawn & ~one_sided & ~local
+    for k in np.flatnonzero(by_law).tolist():
+        u = calls[k]
+        u.status = "introduces" if u.draw.broken else "draw"
+    for k in np.flatnonzero(alone & ~by_law).tolist():
+        u = calls[k]
+        alone_stats = statistics and u.local is None
+        jump = STATS_JUMP if alone_stats and (low or u.input_error) else JUMP
+        over = bool(beyond[k])
+        bound = bounds.get(k) if alone_stats and over and u.normalizes and u.draw is None else None
+        norm = norm_check(result, u, _Errors(facts.err), bound[0], _SPACING, STATS_JUMP) if bound is not None else None
+        rounding = float(spacing[k]) if alone_stats and over else 0.0
+        _judge(u, jump, alone_stats, _extremes_check(result, u) if alone_stats and u.draw is None else None, bound,
+               norm, rounding, over)
+    # the others: unmatched / not compared stay, within the threshold stay clean; beyond it
+    # (no draw, replay, bound or extremes to ask), the rule of _judge's last branches
+    judged = cf.compared           # (not "unmatched" nor "not compared": no step before changes a status)
+    act = np.flatnonzero(~alone & beyond & judged)
+    if not len(act):
+        return
+    inp0, out, tol = inp0[act], out[act], tol[act]
+    exact = cf.exact[act]
+    given = inp0 != 0.0                                                   # (u.input_error: truthy)
+    jumps = np.where(statistics & (low | given), STATS_JUMP, JUMP)
+    roundings = spacing[act] if statistics else np.zeros(len(act))
+    inherits = (exact | cf.optimizer[act]) & (inp0 > AGREE)
+    cant_select = ~inherits & statistics & exact
+    jumped = ~inherits & ~cant_select & (out > jumps * np.maximum(inp0, roundings))
+    amplified = (inp0 > cf.input_threshold[act]) | (cf.normalizes[act] & given)
+    verdict = np.where(cant_select | (jumped & statistics & amplified), 2, np.where(jumped, 1, 0))
+    deque(map(setattr, map(calls.__getitem__, act.tolist()), repeat("status"),
+              map(_VERDICTS.__getitem__, verdict.tolist())), 0)
+
+
+_VERDICTS = ("inherits", "introduces", "can't tell")
+
+
 def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | None = None,
            bound: tuple | None = None, norm: NormCheck | None = None, rounding: float = 0.0,
            beyond: bool | None = None):
@@ -844,7 +1056,7 @@ def _judge(u: CallDiag, jump: float, statistics: bool = False, extremes: bool | 
         u.status = "inherits"
 
 
-def _input_rounding(facts: _RowFacts, n_calls: int) -> list:
+def _input_rounding(facts: _RowFacts, n_calls: int) -> np.ndarray:
     """Statistics mode: the spacing (at 1.0) of the lowest precision among the call's inputs
     held in a bf16/fp16 dtype on one side and another dtype on the other (0.0 where none).
 
@@ -857,16 +1069,14 @@ def _input_rounding(facts: _RowFacts, n_calls: int) -> list:
     jump is measured from that rounding, as a normalizer's already is (``_amplification``)."""
     # Per call (a list by call index), from its rows at once: a per-call walk over its rows
     # was asked of every call whose output differs (most of a 100k-entry pair's).
-    spacing = [0.0] * n_calls
-    A, B = facts.npu_rows, facts.bench_rows
+    spacing = np.zeros(n_calls)
+    dtype_a, dtype_b = facts.npu["dtype"], facts.bench["dtype"]
     rows = np.flatnonzero(facts.paired & facts.npu_tensor & facts.bench_tensor
                           & (facts.npu_io >= _IO_CODE["input"]) & (facts.npu_io <= _IO_CODE["parameters"])).tolist()
-    a_rows, b_rows = list(map(A.__getitem__, rows)), list(map(B.__getitem__, rows))
-    differ = np.flatnonzero(np.fromiter(map(operator.ne, field_of(a_rows, "dtype"), field_of(b_rows, "dtype")),
-                                        bool, len(rows))).tolist()
-    for k in differ:
-        a, b, u = a_rows[k], b_rows[k], facts.unit[rows[k]]
-        for cls in (vd.dtype_class(a.dtype or ""), vd.dtype_class(b.dtype or "")):
+    differ = [i for i, a, b in zip(rows, map(dtype_a.__getitem__, rows), map(dtype_b.__getitem__, rows)) if a != b]
+    for i in differ:
+        u = facts.unit[i]
+        for cls in (vd.dtype_class(dtype_a[i] or ""), vd.dtype_class(dtype_b[i] or "")):
             if cls in _LOW_PRECISION:
                 spacing[u] = max(spacing[u], _SPACING[cls])
     return spacing
@@ -938,6 +1148,53 @@ def _amplification(result, u, facts: _RowFacts) -> tuple | None:
         return None
     tol_dtype = result.columns["Tolerance Dtype"][first]
     return amplification, _SPACING.get(tol_dtype, _SPACING["float32"])
+
+
+def _amplifications(result, calls: list, facts: _RowFacts, ks: list) -> dict:
+    """``_amplification`` of the calls ``ks`` (their indices; each a forward normalizer of
+    ``_BOUNDED`` by its API's key): call -> (amplification, rounding) where there is one.
+    Worked out with numpy over the calls at once (the same float operations, in the same
+    order), but for log_softmax, whose output's statistics are asked one call at a time."""
+    found: dict = {}
+    if not ks:
+        return found
+    n = len(facts.unit)
+    takes = np.flatnonzero(facts.paired & facts.bench_tensor & (facts.bench_numel != 0)
+                           & (facts.bench_io == _IO_CODE["input"]))
+    first_in = np.full(len(calls), n, dtype=np.int64)       # each call's first such row (its input)
+    np.minimum.at(first_in, facts.unit[takes], takes)
+    kinds, at = [], []
+    for k in ks:
+        u = calls[k]
+        api = u.api
+        if api is None or api.direction != "forward" or api.leaf not in _BOUNDED:
+            continue
+        kind = _BOUNDED[api.leaf]
+        if kind == "log_softmax":
+            bound = _amplification(result, u, facts)
+            if bound is not None:
+                found[k] = bound
+        elif first_in[k] < n:
+            kinds.append(kind)
+            at.append(k)
+    if not at:
+        return found
+    first = first_in[at]
+    mx, mn, mean, norm = facts.bench_stats[first].T
+    by = np.array(kinds)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        rms = np.abs(norm) / np.sqrt(facts.bench_numel[first])
+        peak = np.maximum(np.abs(mx), np.abs(mn))
+        scale = np.maximum(peak, rms)
+        std = np.sqrt(np.maximum(rms * rms - mean * mean, 0.0))
+        amplification = np.where(by == "spread", np.where(std > 0, scale / std, np.inf),
+                                 np.where(by == "rms", np.where(rms > 0, scale / rms, np.inf),
+                                          np.maximum(2.0 * peak, 1.0)))
+    ok = np.isfinite(facts.bench_stats[first]).all(axis=1) & np.isfinite(amplification)
+    tol_dtype = result.columns["Tolerance Dtype"]
+    for j in np.flatnonzero(ok).tolist():
+        found[at[j]] = (float(amplification[j]), _SPACING.get(tol_dtype[int(first[j])], _SPACING["float32"]))
+    return found
 
 
 # Elementwise APIs that keep or reverse order: the NPU side's output extremes must be the
@@ -1058,7 +1315,6 @@ def _round_fp16(x):
 _CASTS = {"torch.bfloat16": _round_bf16, "torch.float16": _round_fp16}
 
 
-_MODULE = operator.attrgetter("module")
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
@@ -1098,15 +1354,16 @@ def _state(calls, facts: _RowFacts) -> State:
     that is not dumped (HF's softmax output ``.to(bf16)``), the same shape and the
     extremes rounded to the new dtype. The step's forward tensors are taken in call
     order at once: an input is produced when an output with its key comes before it."""
-    forward = np.fromiter((u.direction == "forward" and u.phase != "optimizer" for u in calls), bool, len(calls))
+    cf = facts.calls
+    forward = np.fromiter(map(operator.eq, cf.directions, repeat("forward")), bool, len(calls)) & ~cf.optimizer
     io = facts.npu_io
     seq = np.flatnonzero(forward[facts.unit] & facts.npu_tensor & (io >= _IO_CODE["input"])
                          & (io <= _IO_CODE["output"]))
     seq = seq[np.argsort(facts.unit[seq], kind="stable")]       # in call order (each call's rows in order)
     out = io[seq] == _IO_CODE["output"]
-    rows = list(map(facts.npu_rows.__getitem__, seq.tolist()))
-    dtypes, dtype = codes(field_of(rows, "dtype"))
-    _, shape = codes(field_of(rows, "shape"))
+    rows = seq.tolist()
+    dtypes, dtype = codes(list(map(facts.npu["dtype"].__getitem__, rows)))
+    _, shape = codes(list(map(facts.npu["shape"].__getitem__, rows)))
     stats = facts.npu_stats[seq]
     err = facts.err[seq]
     pos = np.arange(len(seq))
@@ -1128,10 +1385,9 @@ def _state(calls, facts: _RowFacts) -> State:
         todo[ask] = ~_first_before(cid, n_cid, pos, src, ask)
     differ = np.flatnonzero(todo & (err > 0))
     differ = differ[np.argsort(-err[differ], kind="stable")]      # largest error first, then in call order
-    made = list(map(rows.__getitem__, differ.tolist()))
-    modules = list(map(_MODULE, map(calls.__getitem__, facts.unit[seq[differ]].tolist())))
-    return State(list(map(OutsideInput, field_of(made, "name"), field_of(made, "shape"), err[differ].tolist(),
-                          modules)), int(todo.sum()))
+    made = seq[differ]
+    return State(OutsideInputs(made, err[differ], facts.unit[made], facts.npu["name"], facts.npu["shape"],
+                               cf.modules), int(todo.sum()))
 
 
 def _drift(calls) -> Drift:
@@ -1203,58 +1459,113 @@ def _npu_entries(result, u) -> list:
 
 
 def _draws(calls, replays, facts: _RowFacts) -> Draws | None:
-    """Random calls judged by their law on the NPU side's own dump (draws.py)."""
-    A = facts.npu_rows
-    may: dict = {}          # api_key -> whether its calls can draw (most calls of a dump: no)
-    drawing = []
-    for u in calls:
-        if not u.npu_entry or not u.api_key:      # (no API parsed from its NPU entry: u.api is None)
-            continue
-        can = may.get(u.api_key)
-        if can is None:
-            can = may[u.api_key] = draws.may_draw(u.api)
-        if can:
-            drawing.append(u)
+    """Random calls judged by their law on the NPU side's own dump (draws.py).
+
+    Whether an API can draw is asked of its first call (most calls of a dump: none), and a
+    dropout's law from statistics is checked for its calls at once (draws.dropout_laws_stats):
+    10k dropout calls of bench/compare.py's 100k-entry pair were a tenth of the diagnosis."""
+    A, cf = facts.npu_rows, facts.calls
+    every = np.fromiter(map(_INDEX, calls), np.int64, len(calls))
+    key = cf.key_of[every]
+    asked = np.flatnonzero(cf.named[every] & cf.keyed[key])   # (no API parsed from its NPU entry: u.api is None)
+    if not len(asked):
+        return None
+    can = np.zeros(len(cf.key_names), dtype=bool)
+    for f in np.unique(key[asked], return_index=True)[1].tolist():
+        can[key[asked[f]]] = draws.may_draw(calls[int(asked[f])].api)
+    drawing = list(map(calls.__getitem__, asked[can[key[asked]]].tolist()))
+    if not drawing:
+        return None
+    # each drawing call's first NPU tensor input and output row (-1: none)
+    mine = np.zeros(len(facts.calls.input_error), dtype=bool)
+    mine[list(map(_INDEX, drawing))] = True
+    rows = np.flatnonzero(mine[facts.unit] & facts.npu_tensor)
+    first_in, first_out = (_first_row(facts, rows[facts.npu_io[rows] == _IO_CODE[io]], len(mine))
+                           for io in ("input", "output"))
     # a call's forward call is of its API: one that can draw too
     forward = {u.npu_entry: u for u in drawing if u.direction == "forward"}
-    n, differ, first, unjudged = 0, 0, None, []
+    forward_args: dict = {}          # forward call -> (its scalar arguments (draws.arguments), their number)
+    numbered: dict = {}              # the arguments' items -> their number (most calls: a few sets)
+    kinds: dict = {}                 # (API key, arguments' number) -> (draw kind, dropout's p)
+    checks: list = []                # per call drawn: (call, kind, its DrawCheck or its place in ``by_stats``)
+    by_stats: list = []              # dropout calls judged from statistics: (input row, output row, p)
     for u in drawing:
         api = u.api
         fwd = forward.get(f"{api.base}.forward")
-        fwd_rows = [r for r in map(A.__getitem__, fwd.rows) if r is not None] if fwd else []
-        kind = draws.draw_kind(api, fwd_rows)
+        args: dict | None = None
+        number: int | None = -1
+        if fwd is not None:
+            args, number = forward_args.get(fwd.index, (None, None))
+            if args is None:
+                args = draws.arguments(r for r in map(A.__getitem__, fwd.rows) if r is not None)
+                try:            # (typed: an argument 1 is not True, nor 0.1 a text)
+                    number = numbered.setdefault(tuple((name, place, type(value), value)
+                                                       for name, (place, value) in args.items()), len(numbered))
+                except TypeError:       # an argument that is no key (a list): asked alone
+                    number = None
+                forward_args[fwd.index] = args, number
+        # a draw's kind and p are its API's (key) and its arguments' alone: asked once per such pair
+        law = kinds.get((u.api_key, number)) if number is not None else None
+        if law is None:
+            kind = draws.draw_kind(api, args or {})
+            law = kind, (draws.dropout_p(api, args or {}) if kind == "dropout" and api.leaf in DROPOUT_ARGS
+                         else None)
+            if number is not None:
+                kinds[u.api_key, number] = law
+        kind, p = law
         if kind is None:
             continue
-        rows = [r for r in map(A.__getitem__, u.rows) if r is not None and r.kind == "tensor"]
-        x = next((r for r in rows if r.io == "input"), None)
-        y = next((r for r in rows if r.io == "output"), None)
-        check = None
-        if kind == "dropout" and api.leaf in DROPOUT_ARGS:
-            p = draws.dropout_p(api, fwd_rows)
+        ix, iy = int(first_in[u.index]), int(first_out[u.index])
+        x, y = (A[ix] if ix >= 0 else None), (A[iy] if iy >= 0 else None)
+        found: DrawCheck | int | None = None      # its check, or its place in ``by_stats``
+        if p is not None:             # (a dropout of DROPOUT_ARGS)
             got = replays.first_tensors(u.npu_entry) if replays is not None else None
             if got is not None:
-                check = draws.dropout_law_tensors(got[0], got[1], p, got[2])
+                found = draws.dropout_law_tensors(got[0], got[1], p, got[2])
             elif x is not None and y is not None and x.numel == y.numel:
-                check = draws.dropout_law_stats(x.stats, y.stats, p)
+                found = len(by_stats)
+                by_stats.append((ix, iy, p))
         elif kind in ("uniform", "normal") and y is not None:
             values = replays.output_tensor(u.npu_entry) if replays is not None else None
             if values is not None:
-                check = (draws.uniform_law_tensors if kind == "uniform" else draws.normal_law_tensors)(values)
+                found = (draws.uniform_law_tensors if kind == "uniform" else draws.normal_law_tensors)(values)
             else:
-                check = (draws.uniform_law_stats if kind == "uniform" else draws.normal_law_stats)(y.stats, y.numel)
-        if check is None:
+                found = (draws.uniform_law_stats if kind == "uniform" else draws.normal_law_stats)(y.stats, y.numel)
+        checks.append((u, kind, found))
+    laws: list = []
+    if by_stats:
+        xs, ys, ps = zip(*by_stats)
+        laws = draws.dropout_laws_stats(facts.npu_stats[list(xs)], facts.npu_stats[list(ys)],
+                                        np.array(ps, dtype=np.float64))
+    n, differ, first, unjudged = 0, 0, None, []
+    for u, kind, found in checks:
+        if isinstance(found, DrawCheck):
+            check = found
+        elif found is not None:
+            check = laws[found]
+        else:
             check = DrawCheck("", False, "a random draw: not compared element by element"
                               + (" (its mask is drawn inside the kernel: it cannot be checked; compare with "
                                  "eager attention, or dropout_p=0 for the check run)" if kind == "draw"
-                                 and api.leaf == "scaled_dot_product_attention" else ""))
+                                 and u.api.leaf == "scaled_dot_product_attention" else ""))
             unjudged.append(u.npu_entry)
         check.differs = u.output_error is not None and u.output_error > u.threshold
         u.draw = check
+        facts.calls.touched.add(u.index)
         n += 1
         if check.differs:
             differ += 1
             first = first or u.npu_entry
     return Draws(n, differ, first, unjudged) if n else None
+
+
+def _first_row(facts: _RowFacts, rows: np.ndarray, n_calls: int) -> np.ndarray:
+    """Per call, the first of ``rows`` (row indices, ascending) that is its; -1 for none."""
+    first = np.full(n_calls, -1, dtype=np.int64)
+    units = facts.unit[rows]
+    at = np.unique(units, return_index=True)[1]
+    first[units[at]] = rows[at]
+    return first
 
 
 def _after_differing_paths(calls, drawn, facts: _RowFacts) -> str | None:
@@ -1284,9 +1595,10 @@ def _after_differing_paths(calls, drawn, facts: _RowFacts) -> str | None:
     return shaped.npu_entry if shaped is not None and shaped.index == first else None
 
 
-def _declared_precision(result, calls) -> None:
+def _declared_precision(result, calls, touched: set) -> None:
     """Matrix-unit calls with fp32 outputs, in a pair where either run declares reduced-precision
-    products for them, are allowed ``REDUCED_PRODUCT`` of their own error (``declared``)."""
+    products for them, are allowed ``REDUCED_PRODUCT`` of their own error (``declared``; their
+    indices added to ``touched``)."""
     from probe.dump.math_modes import reduced_precision
     on: list = []
     for side in (result.npu, result.bench):
@@ -1303,6 +1615,7 @@ def _declared_precision(result, calls) -> None:
         api = u.api_key.rsplit(".", 1)[0].split(".", 1)[-1]
         if api in MATRIX_UNIT and (convs if api in _CONVS else matmuls):
             u.declared = REDUCED_PRODUCT
+            touched.add(u.index)
 
 
 def _stats_device_precision(calls) -> list:
@@ -1379,10 +1692,13 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
     errors = row_errors(result, facts)
     calls = _units(result, errors, facts)
     low = _low_precision(result)
-    _declared_precision(result, calls)
-    for u in calls:
-        if noise and u.bench_entry in noise:
-            u.noise_in, u.noise = noise[u.bench_entry]
+    touched = facts.calls.touched         # calls whose fields the steps below set (_judge_calls reads them)
+    _declared_precision(result, calls, touched)
+    if noise:
+        for u in calls:
+            if u.bench_entry in noise:
+                u.noise_in, u.noise = noise[u.bench_entry]
+                touched.add(u.index)
     eligible = _eligible(calls)
     replayed = 0
     replays = None
@@ -1392,19 +1708,11 @@ def diagnose(result, noise: dict | None = None, replay: bool | None = None,
     device = []
     if replays is not None:
         replayed = _replay(result, eligible, replays, progress)
+        touched.update(u.index for u in eligible if u.local is not None)
         device = _device_precision(eligible)
     statistics = result.mode != "tensor"
     paths_differ = None
-    spacing = _input_rounding(facts, len(calls)) if statistics else []
-    for u in calls:
-        stats_only = statistics and u.local is None
-        jump = STATS_JUMP if stats_only and (low or u.input_error) else JUMP
-        beyond = u.output_error is not None and u.output_error > u.threshold
-        bound = _amplification(result, u, facts) if stats_only and beyond and u.normalizes and u.draw is None else None
-        norm = norm_check(result, u, errors, bound[0], _SPACING, STATS_JUMP) if bound is not None else None
-        rounding = spacing[u.index] if stats_only and beyond else 0.0
-        _judge(u, jump, stats_only, _extremes_check(result, u) if stats_only and u.draw is None else None, bound,
-               norm, rounding, beyond)
+    _judge_calls(result, calls, facts, bool(low), statistics)
     if statistics:
         device += _stats_device_precision(eligible)
         paths_differ = _after_differing_paths(calls, drawn, facts)

@@ -51,15 +51,27 @@ class DrawCheck:
     differs: bool = False   # its output differs from the bench's (the draws differ)
 
 
-def arg(rows, keyword, position):
-    """The value of a call's scalar argument from its input rows, or None."""
+def arguments(rows) -> dict:
+    """A call's scalar arguments from its input rows: the name each is written under (its
+    keyword, or its position as text) -> (its place among them, its value); the first row of
+    a name kept. Made once per forward call: its backward call asks the same."""
+    out: dict = {}
     for r in rows:
         if r.io != "input" or r.kind != "value":
             continue
         tail = r.name.rsplit(".input.", 1)[-1]
-        if tail == keyword or tail == str(position):
-            return r.value
-    return None
+        if tail not in out:
+            out[tail] = (len(out), r.value)
+    return out
+
+
+def arg(args: dict, keyword, position):
+    """The value of a call's scalar argument (``arguments``: the first row written under
+    its keyword or its position), or None."""
+    by_name, by_place = args.get(keyword), args.get(str(position))
+    if by_name is None or (by_place is not None and by_place[0] < by_name[0]):
+        by_name = by_place
+    return None if by_name is None else by_name[1]
 
 
 def may_draw(api) -> bool:
@@ -68,23 +80,23 @@ def may_draw(api) -> bool:
     return api.leaf in _DRAW_ARGS or api.random
 
 
-def draw_kind(api, rows) -> str | None:
+def draw_kind(api, args: dict) -> str | None:
     """"dropout", "uniform", "normal" or "draw" when the call draws random numbers, None
-    when it does not (a dropout in eval mode, attention with dropout_p == 0). ``rows``:
-    the NPU rows of the call's forward entry (its arguments), for either direction."""
+    when it does not (a dropout in eval mode, attention with dropout_p == 0). ``args``:
+    the scalar arguments (``arguments``) of the call's forward entry, for either direction."""
     from probe.precheck.entries import DROPOUT_ARGS
     leaf = api.leaf
     if leaf in _DRAW_ARGS:
-        p = arg(rows, *_DRAW_ARGS[leaf])
+        p = arg(args, *_DRAW_ARGS[leaf])
         return "draw" if isinstance(p, (int, float)) and p > 0 else None
     if not api.random:
         return None
     if leaf in DROPOUT_ARGS:
         p_at, train_at, train_default = DROPOUT_ARGS[leaf]
-        training = arg(rows, "training" if leaf != "native_dropout" else "train", train_at)
+        training = arg(args, "training" if leaf != "native_dropout" else "train", train_at)
         if training is None:
             training = train_default if train_default is not None else True
-        p = arg(rows, "p", p_at)
+        p = arg(args, "p", p_at)
         if not training or (isinstance(p, (int, float)) and p == 0):
             return None
         return "dropout" if leaf in DROPOUTS else "draw"
@@ -95,10 +107,10 @@ def draw_kind(api, rows) -> str | None:
     return "draw"
 
 
-def dropout_p(api, rows) -> float:
-    """A dropout call's p from its forward rows (torch's default 0.5 when not written)."""
+def dropout_p(api, args: dict) -> float:
+    """A dropout call's p from its forward call's arguments (torch's default 0.5 when not written)."""
     from probe.precheck.entries import DROPOUT_ARGS
-    p = arg(rows, "p", DROPOUT_ARGS[api.leaf][0])
+    p = arg(args, "p", DROPOUT_ARGS[api.leaf][0])
     return float(p) if isinstance(p, (int, float)) and 0 <= p < 1 else 0.5
 
 
@@ -166,23 +178,50 @@ def _moments(law, mean, want_mean, se_mean, square, want_square, se_square) -> D
 # ---- the laws, from statistics ------------------------------------------------------
 def dropout_law_stats(x_stats, y_stats, p: float) -> DrawCheck:
     """Dropout's law from Max/Min/Mean/Norm of the input and the output alone."""
-    mx, mn, _, nx = x_stats
-    my, ny_min, _, ny = y_stats
-    if not all(map(math.isfinite, (mx, mn, nx, my, ny_min, ny))) or nx == 0:
-        return DrawCheck("dropout", False, f"a dropout draw (p = {p:g})")
-    scale = 1.0 / (1.0 - p)
-    big = max(abs(mx), abs(mn))
-    limit = big * scale * (1 + 2 ** -7)
-    if max(abs(my), abs(ny_min)) > limit:
-        return DrawCheck("dropout", True, f"its output reaches {max(abs(my), abs(ny_min)):.4g}, beyond its "
-                                          f"input's {big:.4g} x 1/(1-p) = {big * scale:.4g}")
-    ratio = ny * ny * (1 - p) / (nx * nx)
-    se = math.sqrt(p / (1 - p)) * big / nx if p > 0 else 0.0
-    if se and abs(ratio - 1) > Z * se:
-        return DrawCheck("dropout", True, f"its Norm is {math.sqrt(ratio):.4g} x what kept elements scaled by "
-                                          f"1/(1-p) give ({(ratio - 1) / se:+.1f} standard errors)")
-    return DrawCheck("dropout", False, f"a dropout draw (p = {p:g}): its Norm is what kept elements scaled "
+    import numpy as np
+    return dropout_laws_stats(np.array([x_stats], dtype=np.float64), np.array([y_stats], dtype=np.float64),
+                              np.array([p], dtype=np.float64))[0]
+
+
+def dropout_laws_stats(x_stats, y_stats, ps) -> list:
+    """``dropout_law_stats`` of many calls at once (numpy arrays: k x Max/Min/Mean/Norm of
+    their inputs and outputs, k values of p): every number worked out per column (10k
+    dropout calls on bench/compare.py's 100k-entry pair), each call's reason then written
+    from its own."""
+    import numpy as np
+    mx, mn, nx = x_stats[:, 0], x_stats[:, 1], x_stats[:, 3]
+    my, ny_min, ny = y_stats[:, 0], y_stats[:, 1], y_stats[:, 3]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        readable = np.isfinite(x_stats[:, [0, 1, 3]]).all(axis=1) & np.isfinite(y_stats[:, [0, 1, 3]]).all(axis=1) \
+            & (nx != 0)
+        scale = 1.0 / (1.0 - ps)
+        big = np.maximum(np.abs(mx), np.abs(mn))
+        reach = np.maximum(np.abs(my), np.abs(ny_min))
+        beyond = reach > big * scale * (1 + 2 ** -7)
+        ratio = ny * ny * (1 - ps) / (nx * nx)
+        se = np.where(ps > 0, np.sqrt(ps / (1 - ps)) * big / nx, 0.0)
+        off = (se != 0) & (np.abs(ratio - 1) > Z * se)
+        norm_ratio, errors = np.sqrt(ratio), (ratio - 1) / se
+    case = np.where(~readable, 0, np.where(beyond, 1, np.where(off, 2, 3))).tolist()
+    reasons: dict = {}          # p -> the reason of a law that holds
+    out = []
+    for k, (c, p) in enumerate(zip(case, ps.tolist())):
+        if c == 3:
+            reason = reasons.get(p)
+            if reason is None:
+                reason = reasons[p] = (f"a dropout draw (p = {p:g}): its Norm is what kept elements scaled "
                                        f"by 1/(1-p) give")
+            out.append(DrawCheck("dropout", False, reason))
+        elif c == 0:
+            out.append(DrawCheck("dropout", False, f"a dropout draw (p = {p:g})"))
+        elif c == 1:
+            b = float(big[k])
+            out.append(DrawCheck("dropout", True, f"its output reaches {float(reach[k]):.4g}, beyond its "
+                                                  f"input's {b:.4g} x 1/(1-p) = {b * float(scale[k]):.4g}"))
+        else:
+            out.append(DrawCheck("dropout", True, f"its Norm is {float(norm_ratio[k]):.4g} x what kept elements "
+                                                  f"scaled by 1/(1-p) give ({float(errors[k]):+.1f} standard errors)"))
+    return out
 
 
 def uniform_law_stats(y_stats, n) -> DrawCheck:

@@ -60,6 +60,9 @@ class CompareResult:
     stack_path: str | None = None
     pairs: list = field(default_factory=list)
     matching: str = "exact"            # exact / fuzzy / aligned
+    # (NPU rows, bench rows): per table row the Row its columns were read from (Table.A, Table.B),
+    # so the diagnosis takes the statistics from the columns where the pairs still hold them
+    table_rows: tuple | None = None
 
     @property
     def n_rows(self) -> int:
@@ -226,7 +229,8 @@ def _compare_dumps(npu_json, bench_json, stack_json, stack_mode, fuzzy_match, wo
     table.close()
     if stack_mode:
         _stack_column(table, pairs, stack_json)
-    return CompareResult(mode, table.cols, notes, npu, bench, stack_mode, stack_json, pairs, matching)
+    return CompareResult(mode, table.cols, notes, npu, bench, stack_mode, stack_json, pairs, matching,
+                         (table.A, table.B))
 
 
 def _mode_of(npu: Side, bench: Side, notes: list) -> str:

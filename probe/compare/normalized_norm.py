@@ -26,7 +26,7 @@ of its bound. A LayerNorm scaled by 1.2 departs by 0.2 (16x its bound), by
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional, Protocol
 
 import msgspec
 
@@ -41,6 +41,11 @@ _ARGS = {
     "batch_norm": (("3", "weight"), ("4", "bias"), ("7", "eps"), 1e-5, ("5", "training")),
 }
 _RMS = frozenset({"rms_norm", "npu_rms_norm"})     # divide by the RMS, no mean subtracted
+
+
+class RowErrors(Protocol):
+    """Per row its relative error (a float), None where nothing was compared (diagnosis.row_errors)."""
+    def __getitem__(self, i: int) -> Any: ...
 
 
 class NormCheck(msgspec.Struct, frozen=True, gc=False):
@@ -68,7 +73,7 @@ def _arg(rows: dict, where) -> Optional[int]:
     return None
 
 
-def norm_check(result, u, errors: list, amplification: float, spacing: Mapping[str, float],
+def norm_check(result, u, errors: RowErrors, amplification: float, spacing: Mapping[str, float],
                jump: float) -> Optional[NormCheck]:
     """``u``'s output Norm against its parameters' (statistics mode, a forward normalizer
     whose input, output and parameters are compared tensors); None where that cannot be
