@@ -128,3 +128,87 @@ def test_direction_column_follows_the_grammar_for_every_entry(tmp_path):
     assert set(entries) == set(names)
     assert res.columns["Direction"] == [direction(e) for e in entries]
     assert {"forward", "backward", "parameters_grad", ""} <= set(res.columns["Direction"])
+
+
+@needs_c
+@pytest.mark.parametrize("identity", [False, True])
+def test_codes_same_by_c_and_python(identity, monkeypatch):
+    """codes.codes (equal values share a code, as dict.fromkeys has them) and
+    codes.object_codes (only the same object does) give the same distinct values and
+    the same codes in C and in Python: NaNs, 1 / 1.0 / True, equal texts that are
+    different objects, shared and unshared tuples, None."""
+    import numpy as np
+
+    from probe.compare import codes
+
+    nan, shared = float("nan"), (2, 3)
+    text = "".join(["torch.", "float32"])              # equal to the literal, another object
+    values = ["torch.float32", text, None, 1, 1.0, True, nan, float("nan"), nan, shared, (2, 3), shared,
+              tuple([2, 3]), (), None, "torch.float32"] * 50 + [str(i % 7) for i in range(1000)]
+    fn = codes.object_codes if identity else codes.codes
+    c_distinct, c_ids = fn(values)
+    monkeypatch.setattr(codes, "_cflat", None)
+    py_distinct, py_ids = fn(values)
+    assert len(c_distinct) == len(py_distinct) and all(map(lambda a, b: a is b, c_distinct, py_distinct))
+    assert c_ids.dtype == py_ids.dtype == np.int32 and np.array_equal(c_ids, py_ids)
+    assert [c_distinct[k] is v or c_distinct[k] == v for k, v in zip(c_ids.tolist(), values)] == [True] * len(values)
+    assert bool(c_ids[0] == c_ids[1]) is (not identity)    # equal texts: one code by value, two by identity
+    with pytest.raises(TypeError):
+        codes.codes([[1], [1]])                           # unhashable: as dict.fromkeys has it
+
+
+def _screened_pair(tmp_path):
+    """An NPU and a bench dump whose rows differ in every way the screen words one by one:
+    kinds, argument values (NaN equal to NaN), dtypes not comparable, shapes, an
+    uninitialised buffer, a row on one side only; the rest agree."""
+    npu = _odd_entries()
+    bench = json.loads(json.dumps(npu))
+    args = bench["Functional.linear.0.forward"]["input_args"]
+    args[0] = {"type": "int", "value": 3}                                  # a tensor there, a value here
+    args[1] = dict(args[1], dtype="torch.int64")                          # not comparable with float32
+    args[7] = dict(args[7], shape=[3, 2])                                 # shape differs
+    args[12] = dict(args[12], uninitialized=True)                         # no data on one side
+    kwargs = bench["Functional.linear.0.forward"]["input_kwargs"]
+    kwargs["dim"] = {"type": "int", "value": 1}                          # an argument differs
+    npu["Functional.gelu.0.forward"]["input_kwargs"]["approximate"] = {"type": "float", "value": float("nan")}
+    bench["Functional.gelu.0.forward"]["input_kwargs"]["approximate"] = {"type": "float", "value": float("nan")}
+    bench["Functional.relu.1.forward"]["output"] = [_T] * 69               # one output fewer
+    paths = []
+    for side, data in (("npu", npu), ("bench", bench)):
+        (tmp_path / side).mkdir()
+        path = tmp_path / side / "dump.json"
+        path.write_text(json.dumps({"task": "statistics", "level": "L1", "data": data}))
+        paths.append(str(path))
+    return paths
+
+
+@needs_c
+def test_compare_same_table_by_c_and_python(tmp_path, monkeypatch):
+    """The whole table (every column: findings, tolerance classes, statistics) is the same
+    when the rows, the fields and the codes are made in C or in Python, on rows that
+    differ in every way the screen words."""
+    import numpy as np
+
+    from probe.compare import codes
+    from probe.compare.engine import compare_dumps
+
+    npu, bench = _screened_pair(tmp_path)
+    got = compare_dumps(npu, bench, progress=False).columns
+    monkeypatch.setattr(rows, "_cflat", None)
+    monkeypatch.setattr(codes, "_cflat", None)
+    want = compare_dumps(npu, bench, progress=False).columns
+    assert list(got) == list(want)
+    for name, col in want.items():
+        if isinstance(col, np.ndarray):
+            assert np.array_equal(got[name], col, equal_nan=True), name
+        else:
+            assert list(got[name]) == list(col), name
+    text = dict(zip(want["NPU Name"], want["Err_message"]))
+    assert text["Functional.linear.0.forward.input.0"].endswith("error: NPU is a tensor, bench is a value")
+    assert "dtypes not comparable" in text["Functional.linear.0.forward.input.1"]
+    assert "shape differs: NPU [2, 3], bench [3, 2]" in text["Functional.linear.0.forward.input.7"]
+    assert "no data to compare" in text["Functional.linear.0.forward.input.12"]
+    assert text["Functional.linear.0.forward.input.dim"] == "error: argument differs: NPU -1, bench 1"
+    assert "argument differs" not in text["Functional.gelu.0.forward.input.approximate"]     # NaN and NaN
+    assert "no bench row" in text["Functional.relu.1.forward.output.69"]
+    assert want["Tolerance Dtype"][want["NPU Name"].index("Functional.linear.0.forward.input.8")] == "float32"

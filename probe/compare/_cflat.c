@@ -22,11 +22,14 @@
  * fields(rows, names)       rows.fields_of's twin: several attributes of each row in one
  *                           pass (one visit of each row's memory, where a pass per field made
  *                           one each: 350k rows a side)
+ * codes(values, identity)   codes.codes's twin for a list (each object hashed once, not
+ *                           once per value: the table's and the diagnosis's columns)
  *
  * tests/test_compare_flatten.py checks that both give the same rows.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 
 #define MAX_STATS 16
 #define N_SMALL 64
@@ -569,7 +572,137 @@ static PyObject *c_fields(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return out;
 }
 
+/* codes(values, identity) -> (distinct, codes): codes.codes's twin for a list: the distinct
+ * values in order of first appearance and, per value, its index among them as int32 (a
+ * bytearray). Equal values share a code as dict.fromkeys has them (identity, then hash and
+ * ==); with identity true, only the same object does (a side's rows share one shape tuple,
+ * one dtype text per distinct value). Each object is looked up in a table of pointers first:
+ * the dict (hash, ==) is consulted once per distinct object, not once per value. */
+typedef struct {
+    PyObject **keys;
+    int32_t *vals;
+    size_t mask;
+    size_t used;
+} ptrmap_t;
+
+static size_t ptr_slot(const ptrmap_t *m, PyObject *o) {
+    size_t h = (size_t)o;
+    h ^= h >> 17;
+    h *= (size_t)0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    size_t i = h & m->mask;
+    while (m->keys[i] != NULL && m->keys[i] != o)
+        i = (i + 1) & m->mask;
+    return i;
+}
+
+static int ptr_grow(ptrmap_t *m) {
+    size_t cap = (m->mask + 1) * 2;
+    PyObject **keys = PyMem_Calloc(cap, sizeof(PyObject *));
+    int32_t *vals = PyMem_Malloc(cap * sizeof(int32_t));
+    if (keys == NULL || vals == NULL) {
+        PyMem_Free(keys);
+        PyMem_Free(vals);
+        PyErr_NoMemory();
+        return -1;
+    }
+    ptrmap_t bigger = {keys, vals, cap - 1, m->used};
+    for (size_t i = 0; i <= m->mask; i++)
+        if (m->keys[i] != NULL) {
+            size_t j = ptr_slot(&bigger, m->keys[i]);
+            keys[j] = m->keys[i];
+            vals[j] = m->vals[i];
+        }
+    PyMem_Free(m->keys);
+    PyMem_Free(m->vals);
+    *m = bigger;
+    return 0;
+}
+
+static PyObject *c_codes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "codes(values: list, identity: bool)");
+        return NULL;
+    }
+    PyObject *values = args[0];
+    int identity = PyObject_IsTrue(args[1]);
+    if (identity < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    PyObject *distinct = PyList_New(0), *index = identity ? NULL : PyDict_New(), *seen = PyList_New(0);
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
+    ptrmap_t m = {PyMem_Calloc(64, sizeof(PyObject *)), PyMem_Malloc(64 * sizeof(int32_t)), 63, 0};
+    PyObject *result = NULL;
+    if (distinct == NULL || (!identity && index == NULL) || seen == NULL || out == NULL
+            || m.keys == NULL || m.vals == NULL) {
+        if (m.keys == NULL || m.vals == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    int32_t *code = (int32_t *)PyByteArray_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyList_GET_SIZE(values) != n) {     /* an __eq__ or __hash__ changed the list */
+            PyErr_SetString(PyExc_RuntimeError, "codes: the values changed size while read");
+            goto done;
+        }
+        PyObject *v = PyList_GET_ITEM(values, i);
+        size_t slot = ptr_slot(&m, v);
+        if (m.keys[slot] != NULL) {
+            code[i] = m.vals[slot];
+            continue;
+        }
+        Py_INCREF(v);
+        int32_t c;
+        if (identity) {
+            c = (int32_t)PyList_GET_SIZE(distinct);
+            if (PyList_Append(distinct, v) < 0) {
+                Py_DECREF(v);
+                goto done;
+            }
+        } else {
+            PyObject *next = PyLong_FromSsize_t(PyList_GET_SIZE(distinct));
+            PyObject *got = next == NULL ? NULL : PyDict_SetDefault(index, v, next);
+            if (got == NULL) {
+                Py_XDECREF(next);
+                Py_DECREF(v);
+                goto done;
+            }
+            if (got == next && PyList_Append(distinct, v) < 0) {
+                Py_DECREF(next);
+                Py_DECREF(v);
+                goto done;
+            }
+            c = (int32_t)PyLong_AsLong(got);
+            Py_DECREF(next);
+        }
+        /* the object is held (in seen) while its address is a key of the table */
+        if (PyList_Append(seen, v) < 0) {
+            Py_DECREF(v);
+            goto done;
+        }
+        Py_DECREF(v);
+        if ((m.used + 1) * 2 > m.mask + 1 && ptr_grow(&m) < 0)
+            goto done;
+        slot = ptr_slot(&m, v);
+        m.keys[slot] = v;
+        m.vals[slot] = c;
+        m.used++;
+        code[i] = c;
+    }
+    result = PyTuple_Pack(2, distinct, out);
+done:
+    PyMem_Free(m.keys);
+    PyMem_Free(m.vals);
+    Py_XDECREF(distinct);
+    Py_XDECREF(index);
+    Py_XDECREF(seen);
+    Py_XDECREF(out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"codes", (PyCFunction)(void (*)(void))c_codes, METH_FASTCALL,
+     "codes(values, identity): the distinct values in order and each value's index among them (int32)."},
     {"fields", (PyCFunction)(void (*)(void))c_fields, METH_FASTCALL,
      "fields(rows, names): per name, each row's attribute (None for a None row), in one pass."},
     {"init", c_init, METH_VARARGS, "init(Row, Leaf, Entry, UNSET, entry_keys, stat_keys, tensor_types, "

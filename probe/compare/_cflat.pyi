@@ -15,3 +15,7 @@ def fields(rows: list, names: tuple) -> tuple:
 def side_rows(data: dict, decode: Callable, decode_entry: Callable, skip: str, flatten: Callable,
               out: list, store: array) -> int:
     """Every entry of ``data`` (name -> raw JSON) decoded and flattened into ``out``; how many."""
+
+def codes(values: list, identity: bool) -> tuple[list, bytearray]:
+    """``codes.codes`` of a list: (the distinct values in order, per value its index as int32);
+    ``identity``: only the same object shares a code."""

@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from . import verdict as vd
-from .codes import codes
+from .codes import codes, object_codes
 from .construct import load_modules
 from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
@@ -283,18 +283,19 @@ class Table:
         cols: dict = dict.fromkeys(columns_for(mode, stack_mode))   # in order; filled below
         A, B, match = fields_of(pairs, ("npu", "bench", "align"))
         shape_text = _Memo(lambda s: None if s is None else str(list(s)))
-        per_side = {}
+        per_side, side_codes = {}, {}
         for side, rows in (("NPU", A), ("Bench", B)):
             f = per_side[side] = dict(zip(_ROW_FIELDS, fields_of(rows, _ROW_FIELDS)))
             cols[f"{side} Name"] = f["name"]
             cols[f"{side} Dtype"] = f["dtype"]
+            c = side_codes[side] = _SideCodes.of(f)
             # (a "none" row, and only one, has no shape: rows.py makes it so); the shapes
-            # are shared tuples (rows.py): their texts looked up by identity, not by value
-            texts = {k: shape_text[v] for k, v in dict(zip(map(id, f["shape"]), f["shape"])).items()}
-            cols[f"{side} Tensor Shape"] = list(map(texts.__getitem__, map(id, f["shape"])))
+            # are shared tuples (rows.py): their texts made once per object
+            texts = [shape_text[v] for v in c.shapes]
+            cols[f"{side} Tensor Shape"] = list(map(texts.__getitem__, c.shape.tolist()))
             cols[f"{side} Requires_grad"] = f["requires_grad"]
         fa, fb = per_side["NPU"], per_side["Bench"]
-        ca, cb = _SideCodes.of(fa), _SideCodes.of(fb)
+        ca, cb = side_codes["NPU"], side_codes["Bench"]
         has_a, has_b = ca.present, cb.present
         entries = field_of(A, "entry")
         if not has_a.all():                              # bench-only rows: their entry
@@ -586,7 +587,7 @@ def _judge_by_statistics(t: Table, sel: np.ndarray, exact: np.ndarray):
     cls = lut[run]
     del run
     tol_of = [vd.TOLERANCES.get(name) or vd.TOLERANCES["float32"] for name in classes]
-    numel = numel_array(list(map(t.fields[1]["shape"].__getitem__, ri.tolist())))   # the judged rows' only
+    numel = t.codes[1].numel(ri)          # the bench side's, as the metrics take it
     ns, bs = t.npu_st[sel], t.bench_st[sel]
     ratio = stat_tolerance_ratio(ns, bs, numel, np.array([x.rtol for x in tol_of])[cls],
                                  np.array([x.floor for x in tol_of])[cls])
@@ -693,13 +694,20 @@ class _SideCodes:
     kind: np.ndarray         # per row, its kind's _KIND_CODE (0: no row)
     dtype: np.ndarray        # per row, its dtype's index in ``dtypes``
     dtypes: list             # the side's distinct dtypes (None among them)
+    shape: np.ndarray        # per row, its shape's index in ``shapes``
+    shapes: list             # the side's distinct shape objects (rows.py shares one per shape)
 
     @classmethod
     def of(cls, f: dict) -> _SideCodes:
         kinds, kind = codes(f["kind"])
         lut = np.array([_KIND_CODE.setdefault(k, len(_KIND_CODE)) for k in kinds] or [0], np.int16)
         dtypes, dtype = codes(f["dtype"])
-        return cls(lut[kind], dtype, dtypes)
+        shapes, shape = object_codes(f["shape"])
+        return cls(lut[kind], dtype, dtypes, shape, shapes)
+
+    def numel(self, rows: np.ndarray) -> np.ndarray:
+        """``numel_array`` of these rows' shapes (worked out once per distinct shape)."""
+        return numel_array(self.shapes)[self.shape[rows]]
 
     @property
     def present(self) -> np.ndarray:

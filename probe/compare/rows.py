@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
+from .codes import object_codes
 from .reader import Entry, Leaf, RawEntries
 from probe.errors import DumpError
 from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS, PARAMETERS_GRAD, STAT_KEYS, parse_entry_name
@@ -109,9 +110,8 @@ _FLOAT_MAX = sys.float_info.max      # a larger element count reads as inf (a ga
 def numel_array(shapes: list) -> np.ndarray:
     """``numels`` of ``shapes`` as float64, inf past float64's range; each distinct shape
     object worked out once (a side's rows share one tuple per distinct shape)."""
-    distinct = dict(zip(map(id, shapes), shapes))
-    numel = {k: n if n <= _FLOAT_MAX else math.inf for k, n in zip(distinct, numels(list(distinct.values())))}
-    return np.fromiter(map(numel.__getitem__, map(id, shapes)), np.float64, len(shapes))
+    distinct, ids = object_codes(shapes)
+    return np.array([n if n <= _FLOAT_MAX else math.inf for n in numels(distinct)] or [0.0], np.float64)[ids]
 
 
 def _numel(shape) -> int:
