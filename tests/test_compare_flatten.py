@@ -212,3 +212,23 @@ def test_compare_same_table_by_c_and_python(tmp_path, monkeypatch):
     assert "argument differs" not in text["Functional.gelu.0.forward.input.approximate"]     # NaN and NaN
     assert "no bench row" in text["Functional.relu.1.forward.output.69"]
     assert want["Tolerance Dtype"][want["NPU Name"].index("Functional.linear.0.forward.input.8")] == "float32"
+
+
+@needs_c
+def test_direction_keys_same_by_c_and_python(monkeypatch):
+    """The Direction column's per-API keys (an API call's counter set to 0) are the same in
+    C and in Python, and give each entry the direction the vocabulary's parser gives it,
+    for names in and outside the grammar: non-ASCII digits, empty parts, near misses."""
+    from probe.compare import engine
+    from probe.vocabulary import direction
+
+    names = ["Functional.linear.0.forward", "Functional.linear.17.forward", "Tensor.__add__.007.backward",
+             "Module.fc.Linear.forward.0", "Module.fc.Linear.parameters_grad", "Functional.a.b.1.backward",
+             "weird.5.forward", "5.forward", ".1.forward", "x.y.forward", "Functional..1.forward", "a..forward",
+             "Functional.relu.\u0663.forward", "\u00e9.12.backward", "a.1.forwardx", "a.1.Forward", ".forward",
+             "forward", "", ".", "Distributed.all_reduce.4.forward", "Module.blocks.0.attn.Attention.backward.12"]
+    got = engine._api_keys(names)
+    monkeypatch.setattr(engine, "_cflat", None)
+    assert engine._api_keys(names) == got
+    assert got[:3] == ["Functional.linear.0.forward", "Functional.linear.0.forward", "Tensor.__add__.0.backward"]
+    assert engine._directions(names * 2) == [direction(n) for n in names * 2]

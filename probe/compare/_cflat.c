@@ -22,6 +22,8 @@
  * fields(rows, names)       rows.fields_of's twin: several attributes of each row in one
  *                           pass (one visit of each row's memory, where a pass per field made
  *                           one each: 350k rows a side)
+ * api_keys(entries, fw, bw) engine._api_keys's twin: an API call's entry with its counter
+ *                           set to 0 (the Direction column parses each API once)
  * codes(values, identity)   codes.codes's twin for a list (each object hashed once, not
  *                           once per value: the table's and the diagnosis's columns)
  *
@@ -700,7 +702,74 @@ done:
     return result;
 }
 
+/* api_keys(entries) -> per entry its key for engine._directions: "{base}.0.{forward|backward}"
+ * for an API call's entry "{base}.{digits}.{forward|backward}" (base not empty, the digits
+ * ASCII), else the entry itself (the same object; anything that is not text too). */
+static PyObject *c_api_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyUnicode_CheckExact(args[1]) || !PyUnicode_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "api_keys(entries: list, forward: str, backward: str)");
+        return NULL;
+    }
+    PyObject *entries = args[0], *s_forward = args[1], *s_backward = args[2];
+    Py_ssize_t n = PyList_GET_SIZE(entries);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(entries, i), *key = NULL;
+        if (PyUnicode_CheckExact(e)) {
+            Py_ssize_t len = PyUnicode_GET_LENGTH(e);
+            Py_ssize_t dot = PyUnicode_FindChar(e, '.', 0, len, -1);
+            if (dot == -2)
+                goto fail;
+            PyObject *last = NULL;
+            if (dot >= 0) {
+                Py_ssize_t tail = len - dot - 1;
+                PyObject *which = tail == PyUnicode_GET_LENGTH(s_forward) ? s_forward
+                                : tail == PyUnicode_GET_LENGTH(s_backward) ? s_backward : NULL;
+                if (which != NULL) {
+                    int m = PyUnicode_Tailmatch(e, which, dot + 1, len, 1);
+                    if (m < 0)
+                        goto fail;
+                    if (m)
+                        last = which;
+                }
+            }
+            if (last != NULL) {
+                Py_ssize_t dot2 = dot > 0 ? PyUnicode_FindChar(e, '.', 0, dot, -1) : -1;
+                if (dot2 == -2)
+                    goto fail;
+                int kind = PyUnicode_KIND(e);
+                const void *data = PyUnicode_DATA(e);
+                int digits = dot2 > 0 && dot - dot2 > 1;      /* a base and at least one digit */
+                for (Py_ssize_t j = dot2 + 1; digits && j < dot; j++) {
+                    Py_UCS4 ch = PyUnicode_READ(kind, data, j);
+                    digits = ch >= '0' && ch <= '9';
+                }
+                if (digits) {
+                    PyObject *base = PyUnicode_Substring(e, 0, dot2);
+                    key = base == NULL ? NULL : PyUnicode_FromFormat("%U.0.%U", base, last);
+                    Py_XDECREF(base);
+                    if (key == NULL)
+                        goto fail;
+                }
+            }
+        }
+        if (key == NULL) {
+            key = e;
+            Py_INCREF(key);
+        }
+        PyList_SET_ITEM(out, i, key);
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"api_keys", (PyCFunction)(void (*)(void))c_api_keys, METH_FASTCALL,
+     "api_keys(entries, forward, backward): per entry, its API call's key with the counter set to 0."},
     {"codes", (PyCFunction)(void (*)(void))c_codes, METH_FASTCALL,
      "codes(values, identity): the distinct values in order and each value's index among them (int32)."},
     {"fields", (PyCFunction)(void (*)(void))c_fields, METH_FASTCALL,

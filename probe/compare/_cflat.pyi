@@ -19,3 +19,6 @@ def side_rows(data: dict, decode: Callable, decode_entry: Callable, skip: str, f
 def codes(values: list, identity: bool) -> tuple[list, bytearray]:
     """``codes.codes`` of a list: (the distinct values in order, per value its index as int32);
     ``identity``: only the same object shares a code."""
+
+def api_keys(entries: list, forward: str, backward: str) -> list:
+    """``engine._api_keys``: per entry, an API call's entry with its counter set to 0, else the entry."""

@@ -100,7 +100,8 @@ def _read_side(path: str) -> Side:
 
 
 _DATA_NAME, _MD5 = attrgetter("data_name"), attrgetter("md5")
-_ROW_FIELDS = ("name", "kind", "dtype", "shape", "requires_grad", "unread")    # what Table.of and the judges read of each row
+# what Table.of and the judges read of each row (its statistics by store and k)
+_ROW_FIELDS = ("name", "kind", "dtype", "shape", "requires_grad", "unread", "store", "k")
 _VALUE = attrgetter("value")
 
 
@@ -309,8 +310,8 @@ class Table:
         sel = np.flatnonzero(ca.has_data & cb.has_data)
         stat_idx = sel.tolist()
         summaries = {}               # side -> STATISTICS x rows, NaN where a row has none
-        for side, rows in (("NPU", A), ("Bench", B)):
-            summaries[side] = np.ascontiguousarray(stats_in(*fields_of(rows, ("store", "k"))).T)
+        for side, f in per_side.items():
+            summaries[side] = np.ascontiguousarray(stats_in(f.pop("store"), f.pop("k")).T)
             if mode != "md5":        # md5 mode shows its hashes instead
                 for s, column in zip(STATISTICS, summaries[side]):
                     cols[f"{side} {s.column}"] = column
@@ -604,9 +605,8 @@ def _judge_by_statistics(t: Table, sel: np.ndarray, exact: np.ndarray):
                                         (ratio <= vd.ERROR_FACTOR, ratio > vd.ERROR_FACTOR)):
             ks = np.flatnonzero(hit & mine & how_far)
             if len(ks):
-                t.find_many(ri[ks].tolist(), level,
-                            map(str.__add__, map("statistics off by ".__add__,
-                                                 map(format, ratio[ks].tolist(), repeat(".3g"))), repeat(tail)))
+                text = "statistics off by {:.3g}" + tail.replace("{", "{{").replace("}", "}}")
+                t.find_many(ri[ks].tolist(), level, map(text.format, ratio[ks].tolist()))
     for k in np.flatnonzero(~common).tolist():
         _judge_uncommon(t, int(ri[k]), ns[k], bs[k], float(ratio[k]), bool(exact[k]), tol_of[cls[k]])
 
@@ -724,23 +724,36 @@ def _directions(entries: list) -> list:
     """``direction`` of each row's entry, worked out once per API and direction: an API
     call's entry ``{base}.{N}.{forward|backward}`` has the direction of ``{base}.0.{...}``
     whatever its counter (vocabulary's grammar reads the counter's digits as a number
-    only), so 100k entries take a few hundred parses, not 100k."""
-    by_api: dict = {}
+    only), so 100k entries take a few hundred parses, not 100k. The rows of an entry share
+    its name: coded (``codes``) and keyed (``_api_keys``) once per entry, in C."""
+    distinct, which = codes(entries)
+    of_key = _Memo(direction)
+    found = list(map(of_key.__getitem__, _api_keys(distinct)))
+    return list(map(found.__getitem__, which.tolist()))
 
-    def one(entry):
+
+def _api_keys(entries: list) -> list:
+    """Per entry, ``{base}.0.{forward|backward}`` for an API call's ``{base}.{N}.{...}``
+    (N: ASCII digits, base not empty), else the entry itself."""
+    if _cflat is not None:
+        return _cflat.api_keys(entries, FORWARD, BACKWARD)
+    keys = []
+    for entry in entries:
         if type(entry) is str:
             head, dot, last = entry.rpartition(".")
             if last == FORWARD or last == BACKWARD:
                 base, dot, index = head.rpartition(".")
                 if base and index.isdigit() and index.isascii():
-                    key = (base, last)
-                    d = by_api.get(key)
-                    if d is None:
-                        d = by_api[key] = direction(f"{base}.0.{last}")
-                    return d
-        return direction(entry)
+                    keys.append(f"{base}.0.{last}")
+                    continue
+        keys.append(entry)
+    return keys
 
-    return list(map(_Memo(one).__getitem__, entries))
+
+try:
+    from . import _cflat
+except ImportError:         # built without a C compiler: the same keys, in Python
+    _cflat = None           # type: ignore[assignment]
 
 
 def _isnan(x) -> bool:

@@ -143,23 +143,25 @@ def fields_of(rows: list, names: tuple) -> tuple:
 
 
 def stats_in(stores: list, ks: list) -> np.ndarray:
-    """``stats_of`` of rows given by their ``store`` and ``k`` (``fields_of``'s lists)."""
+    """``stats_of`` of rows given by their ``store`` and ``k`` (``fields_of``'s lists);
+    the rows of each store (a side has one) read from it at once."""
     n = len(ks)
     out = np.full((n, _WIDTH), np.nan)
-    store = next((s for s in stores if s is not None), None)
-    if store is None:
+    distinct, which = object_codes(stores)       # (by identity: equal stores are not the same)
+    if len(distinct) == 1 and distinct[0] is not None:     # the usual case: every row in one store
+        out[:] = _table(distinct[0])[np.fromiter(ks, np.int64, n)]
         return out
-    table = np.frombuffer(store, dtype=np.float64).reshape(-1, _WIDTH)
-    mine = np.fromiter(map(is_, stores, repeat(store)), bool, n)
-    if mine.all():                     # the usual case: every row in one store
-        out[:] = table[np.fromiter(ks, np.int64, n)]
-        return out
-    out[mine] = table[np.array(ks, dtype=object)[mine].astype(np.int64)]   # (None: no row)
-    other = ~mine & ~np.fromiter(map(is_, stores, repeat(None)), bool, n)
-    for i in np.flatnonzero(other).tolist():        # rows of another store
-        base = _WIDTH * ks[i]
-        out[i] = tuple(stores[i][base:base + _WIDTH])
+    k = np.array(ks, dtype=object)                # (None: no row)
+    for c, store in enumerate(distinct):
+        if store is not None:
+            mine = np.flatnonzero(which == c)
+            out[mine] = _table(store)[k[mine].astype(np.int64)]
     return out
+
+
+def _table(store: array) -> np.ndarray:
+    """A store's statistics as rows x ``len(STAT_KEYS)`` (its memory, not a copy)."""
+    return np.frombuffer(store, dtype=np.float64).reshape(-1, _WIDTH)
 
 
 def _num(x) -> float:
