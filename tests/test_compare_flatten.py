@@ -157,12 +157,20 @@ def test_codes_same_by_c_and_python(identity, monkeypatch):
         codes.codes([[1], [1]])                           # unhashable: as dict.fromkeys has it
 
 
-def _screened_pair(tmp_path):
+def _screened_pair(tmp_path, mode):
     """An NPU and a bench dump whose rows differ in every way the screen words one by one:
     kinds, argument values (NaN equal to NaN), dtypes not comparable, shapes, an
-    uninitialised buffer, a row on one side only; the rest agree."""
+    uninitialised buffer, a row on one side only; statistics off on a row with another
+    finding, and on one without; the rest agree. ``mode``: "tensor" (a row names a tensor
+    file), "md5" (one has a hash) or "statistics" (none has either)."""
     npu = _odd_entries()
+    if mode != "tensor":
+        del npu["Functional.linear.0.forward"]["input_args"][13]["data_name"]
+    if mode == "statistics":
+        del npu["Functional.linear.0.forward"]["input_args"][13]["md5"]
     bench = json.loads(json.dumps(npu))
+    bench["Functional.linear.0.forward"]["parameters"]["weight"].update(requires_grad=False, Max=100.0)
+    bench["Functional.linear.0.forward"]["parameters"]["bias"].update(Max=1.501)
     args = bench["Functional.linear.0.forward"]["input_args"]
     args[0] = {"type": "int", "value": 3}                                  # a tensor there, a value here
     args[1] = dict(args[1], dtype="torch.int64")                          # not comparable with float32
@@ -183,7 +191,8 @@ def _screened_pair(tmp_path):
 
 
 @needs_c
-def test_compare_same_table_by_c_and_python(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["statistics", "md5", "tensor"])
+def test_compare_same_table_by_c_and_python(mode, tmp_path, monkeypatch):
     """The whole table (every column: findings, tolerance classes, statistics) is the same
     when the rows, the fields and the codes are made in C or in Python, on rows that
     differ in every way the screen words."""
@@ -192,8 +201,10 @@ def test_compare_same_table_by_c_and_python(tmp_path, monkeypatch):
     from probe.compare import codes
     from probe.compare.engine import compare_dumps
 
-    npu, bench = _screened_pair(tmp_path)
-    got = compare_dumps(npu, bench, progress=False).columns
+    npu, bench = _screened_pair(tmp_path, mode)
+    res = compare_dumps(npu, bench, progress=False)
+    assert res.mode == mode
+    got = res.columns
     monkeypatch.setattr(rows, "_cflat", None)
     monkeypatch.setattr(codes, "_cflat", None)
     want = compare_dumps(npu, bench, progress=False).columns
@@ -212,6 +223,11 @@ def test_compare_same_table_by_c_and_python(tmp_path, monkeypatch):
     assert "argument differs" not in text["Functional.gelu.0.forward.input.approximate"]     # NaN and NaN
     assert "no bench row" in text["Functional.relu.1.forward.output.69"]
     assert want["Tolerance Dtype"][want["NPU Name"].index("Functional.linear.0.forward.input.8")] == "float32"
+    if mode == "statistics":
+        weight = text["Functional.linear.0.forward.parameters.weight"]      # two findings, in order
+        assert weight.startswith("warning: requires_grad differs: NPU True, bench False; error: statistics off by ")
+        assert weight.endswith("x the float32 tolerance (rtol 0.0001), more than 10x") and weight.count(";") == 1
+        assert text["Functional.linear.0.forward.parameters.bias"].startswith("warning: statistics off by ")
 
 
 @needs_c
