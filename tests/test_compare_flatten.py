@@ -248,3 +248,21 @@ def test_direction_keys_same_by_c_and_python(monkeypatch):
     assert engine._api_keys(names) == got
     assert got[:3] == ["Functional.linear.0.forward", "Functional.linear.0.forward", "Tensor.__add__.0.backward"]
     assert engine._directions(names * 2) == [direction(n) for n in names * 2]
+
+
+@needs_c
+def test_finding_texts_same_by_c_and_python(monkeypatch):
+    """The statistics judge's findings read "{head}{ratio:.3g}{tail}" whether made in C or
+    in Python, for every kind of float64: tiny, huge, inf, NaN, signed zero, halfway cases."""
+    import numpy as np
+
+    from probe.compare import engine
+
+    rng = np.random.default_rng(0)
+    numbers = np.concatenate([rng.standard_normal(5000) * np.exp(rng.uniform(-700, 700, 5000)),
+                              [np.inf, -np.inf, np.nan, 0.0, -0.0, 5e-324, 1.7976931348623157e308, 999.5, 9.995, 1.0]])
+    head, tail = "warning: statistics off by ", "x the float32 tolerance (rtol 0.0001) \u00e9 100%"
+    got = engine._g3_texts(head, numbers[::2], tail)        # (a strided view: taken contiguous)
+    monkeypatch.setattr(engine, "_cflat", None)
+    assert engine._g3_texts(head, numbers[::2], tail) == got
+    assert got == [head + format(x, ".3g") + tail for x in numbers[::2].tolist()]

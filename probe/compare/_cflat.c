@@ -24,6 +24,8 @@
  *                           one each: 350k rows a side)
  * api_keys(entries, fw, bw) engine._api_keys's twin: an API call's entry with its counter
  *                           set to 0 (the Direction column parses each API once)
+ * g3_texts(head, xs, tail)  engine._g3_texts's twin: the statistics judge's findings, one
+ *                           text each ("statistics off by 2.5x the ...")
  * codes(values, identity)   codes.codes's twin for a list (each object hashed once, not
  *                           once per value: the table's and the diagnosis's columns)
  *
@@ -32,6 +34,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #define MAX_STATS 16
 #define N_SMALL 64
@@ -767,7 +770,62 @@ fail:
     return NULL;
 }
 
+/* g3_texts(head, numbers, tail) -> [head + ("%.3g" % x) + tail for x in numbers]: the
+ * statistics judge's findings (hundreds of thousands), each made as one text; numbers: a
+ * buffer of float64 (a numpy array). printf's %.3g is PyOS_double_to_string(x, 'g', 3, 0). */
+static PyObject *c_g3_texts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyUnicode_CheckExact(args[0]) || !PyUnicode_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "g3_texts(head: str, numbers: float64 buffer, tail: str)");
+        return NULL;
+    }
+    PyObject *head = args[0], *tail = args[2];
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    if (view.itemsize != sizeof(double) || view.format == NULL || strcmp(view.format, "d") != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "g3_texts: numbers must be float64");
+        return NULL;
+    }
+    Py_ssize_t n = view.len / (Py_ssize_t)sizeof(double);
+    const double *x = (const double *)view.buf;
+    Py_ssize_t lh = PyUnicode_GET_LENGTH(head), lt = PyUnicode_GET_LENGTH(tail);
+    Py_UCS4 maxchar = PyUnicode_MAX_CHAR_VALUE(head);
+    if (PyUnicode_MAX_CHAR_VALUE(tail) > maxchar)
+        maxchar = PyUnicode_MAX_CHAR_VALUE(tail);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char *num = PyOS_double_to_string(x[i], 'g', 3, 0, NULL);
+        if (num == NULL)
+            goto fail;
+        Py_ssize_t ln = (Py_ssize_t)strlen(num);
+        PyObject *text = PyUnicode_New(lh + ln + lt, maxchar);
+        if (text == NULL) {
+            PyMem_Free(num);
+            goto fail;
+        }
+        PyUnicode_CopyCharacters(text, 0, head, 0, lh);
+        for (Py_ssize_t j = 0; j < ln; j++)
+            PyUnicode_WRITE(PyUnicode_KIND(text), PyUnicode_DATA(text), lh + j, (Py_UCS4)(unsigned char)num[j]);
+        PyUnicode_CopyCharacters(text, lh + ln, tail, 0, lt);
+        PyMem_Free(num);
+        PyList_SET_ITEM(out, i, text);
+    }
+    PyBuffer_Release(&view);
+    return out;
+fail:
+    PyBuffer_Release(&view);
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"g3_texts", (PyCFunction)(void (*)(void))c_g3_texts, METH_FASTCALL,
+     "g3_texts(head, numbers, tail): head + '%.3g' % x + tail for each float64 x."},
     {"api_keys", (PyCFunction)(void (*)(void))c_api_keys, METH_FASTCALL,
      "api_keys(entries, forward, backward): per entry, its API call's key with the counter set to 0."},
     {"codes", (PyCFunction)(void (*)(void))c_codes, METH_FASTCALL,

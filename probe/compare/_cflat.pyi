@@ -22,3 +22,6 @@ def codes(values: list, identity: bool) -> tuple[list, bytearray]:
 
 def api_keys(entries: list, forward: str, backward: str) -> list:
     """``engine._api_keys``: per entry, an API call's entry with its counter set to 0, else the entry."""
+
+def g3_texts(head: str, numbers: Any, tail: str) -> list:
+    """``engine._g3_texts``: ``head + "%.3g" % x + tail`` for each float64 ``x`` of ``numbers`` (a buffer)."""
