@@ -343,6 +343,8 @@ class Table:
         for i in np.flatnonzero(~(self.present[0] & self.present[1])).tolist():
             consistent[i] = None                         # a one-sided row
         self.cols["Requires_grad Consistent"] = consistent
+        if not consistent.count(False):                  # (counts False and what equals it: none, the usual case)
+            return
         for i in np.flatnonzero(np.fromiter(map(is_, consistent, repeat(False)), bool, len(consistent))).tolist():
             self.verdict(i).add("warning", f"requires_grad differs: NPU {rg_n[i]}, bench {rg_b[i]}")
 
@@ -367,7 +369,7 @@ class Table:
         (``"warning: "``), as a row's one finding is stored (one text made per row, not two)."""
         have, messages, verdicts = self.levels, self.messages, self.verdicts
         head = f"{level}: " if level != PASS else ""
-        if not any(map(have.__getitem__, rows)) and not any(map(verdicts.__contains__, rows)):
+        if not any(map(have.__getitem__, rows)) and (not verdicts or not any(map(verdicts.__contains__, rows))):
             deque(map(have.__setitem__, rows, repeat(level)), 0)
             deque(map(messages.__setitem__, rows, texts if headed else map(head.__add__, texts)), 0)
             return
@@ -382,9 +384,11 @@ class Table:
     def close(self):
         """The one-sided rows' findings, then the Result and Err_message columns."""
         _one_sided(self)
-        result = [level or PASS for level in self.levels]
-        message = [text or "" for text in self.messages]
-        self.levels = self.messages = []
+        levels, which = codes(self.levels)           # (None and the three levels: coded in C)
+        result = _take([level or PASS for level in levels], which)
+        message, self.levels, self.messages = self.messages, [], []
+        none = np.fromiter(map(is_, message, repeat(None)), bool, len(message))
+        deque(map(message.__setitem__, np.flatnonzero(none).tolist(), repeat("")), 0)     # (text or "")
         for i, v in self.verdicts.items():
             result[i], message[i] = v.level, v.text()
         self.cols["Result"], self.cols["Err_message"] = result, message
