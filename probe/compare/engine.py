@@ -27,7 +27,7 @@ from .construct import load_modules
 from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
 from .reader import DumpMeta, gc_paused, read_dump
-from .rows import Row, direction, field_of, fields_of, flatten, numel_array, numels, side_rows, stats_in
+from .rows import Row, direction, fields_of, flatten, numel_array, numels, side_rows, stats_in
 from .tensors import load, resolve
 from probe.errors import DumpError
 from probe.tolerances import tolerance_for
@@ -101,7 +101,7 @@ def _read_side(path: str) -> Side:
 
 _DATA_NAME, _MD5 = attrgetter("data_name"), attrgetter("md5")
 # what Table.of and the judges read of each row (its statistics by store and k)
-_ROW_FIELDS = ("name", "kind", "dtype", "shape", "requires_grad", "unread", "store", "k")
+_ROW_FIELDS = ("name", "entry", "kind", "dtype", "shape", "requires_grad", "unread", "store", "k")
 _VALUE = attrgetter("value")
 
 
@@ -252,13 +252,13 @@ class Table:
     row, a list or, for the statistics and their differences, a float64 array with NaN
     for an empty cell: what the workbook, the CSV, the page and the summary json read), the paired rows
     (``A`` the NPU side's, ``B`` the bench side's, None where unpaired), the statistics of
-    the rows both sides hold as numpy arrays (``stat_idx`` rows x ``vocabulary.STATISTICS``)
+    the rows both sides hold as numpy arrays (``stat_sel`` rows x ``vocabulary.STATISTICS``)
     and each row's findings so far."""
     mode: str
     A: list
     B: list
     cols: dict
-    stat_idx: list                   # rows both sides hold a summary of
+    stat_sel: np.ndarray             # rows both sides hold a summary of (int64)
     npu_st: np.ndarray
     bench_st: np.ndarray
     verdicts: dict = field(default_factory=dict)   # rows with several findings
@@ -268,7 +268,6 @@ class Table:
     messages: list = field(default_factory=list)
     kinds: tuple = ((), ())          # per side, each row's kind (None: no row)
     fields: tuple = ({}, {})         # per side, field name -> each row's (rows.fields_of)
-    stat_sel: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # stat_idx as an array
     tol_run: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))     # tol_names as codes
     tol_classes: list = field(default_factory=list)     # the names of those codes
     present: tuple = ((), ())        # per side, a bool array: the row is there
@@ -299,9 +298,9 @@ class Table:
         fa, fb = per_side["NPU"], per_side["Bench"]
         ca, cb = side_codes["NPU"], side_codes["Bench"]
         has_a, has_b = ca.present, cb.present
-        entries = field_of(A, "entry")
+        entries = fa["entry"]
         if not has_a.all():                              # bench-only rows: their entry
-            entries = [a.entry if a is not None else b.entry for a, b in zip(A, B)]
+            entries = [a if a is not None else b for a, b in zip(entries, fb["entry"])]
         cols["Direction"] = _directions(entries)
         del entries
         cols["Match"] = match
@@ -309,7 +308,6 @@ class Table:
             cols["Data_name"] = [str([r.data_name if r and r.data_name else "-1" for r in ab])
                                  for ab in zip(A, B)]
         sel = np.flatnonzero(ca.has_data & cb.has_data)
-        stat_idx = sel.tolist()
         for side in per_side:
             if mode != "md5":        # md5 mode shows its hashes instead
                 for s, column in zip(STATISTICS, summaries[side]):
@@ -319,14 +317,19 @@ class Table:
             if col is None:        # filled by the judges (or empty in this mode)
                 cols[c] = np.full(n, np.nan) if c == ERR_TOLERANCE else [None] * n
         run, classes = _running_tolerance(ca, cb)
-        table = cls(mode, A, B, cols, stat_idx, npu_st, bench_st,
-                    levels=[None] * n, messages=[None] * n, stat_sel=sel, tol_run=run, tol_classes=classes)
+        table = cls(mode, A, B, cols, sel, npu_st, bench_st,
+                    levels=[None] * n, messages=[None] * n, tol_run=run, tol_classes=classes)
         table.kinds = (fa["kind"], fb["kind"])
         table.present = (has_a, has_b)
         table.fields = (fa, fb)
         table.codes = (ca, cb)
         table._requires_grad()
         return table
+
+    @property
+    def stat_idx(self) -> list:
+        """``stat_sel`` as a list."""
+        return self.stat_sel.tolist()
 
     @property
     def tol_names(self) -> list:
@@ -413,7 +416,7 @@ def _one_sided(t: Table):
 @dataclass
 class Screened:
     """What the judges get: rows whose kinds, dtypes and shapes agree (``js``: their
-    places in ``Table.stat_idx``; ``how``: per such row its index into ``hows``, the
+    places in ``Table.stat_sel``; ``how``: per such row its index into ``hows``, the
     (exact, tolerance, Tolerance Dtype text) of its dtypes and tolerance class;
     ``exact``: per such row, judged exactly), and the rows that are plain arguments
     (judged by equality here)."""
@@ -579,7 +582,7 @@ JUDGES = {"statistics": judge_statistics, "md5": judge_md5, "tensor": judge_tens
 
 
 def _judge_by_statistics(t: Table, sel: np.ndarray, exact: np.ndarray):
-    """Rows (``sel``: places in ``t.stat_idx``; ``exact``: per row, its dtypes are
+    """Rows (``sel``: places in ``t.stat_sel``; ``exact``: per row, its dtypes are
     compared exactly) judged by their statistics, vectorised; rows with NaN/Inf or exact
     dtypes one by one."""
     if not len(sel):
