@@ -33,6 +33,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "structmember.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -50,12 +51,36 @@ static PyObject *Row, *Leaf, *EntryType, *Entry_unset, *tensor_types, *plain_typ
 static PyObject *py_leaf, *py_walk;
 static PyObject *leaf_fields[N_FIELDS];
 static PyObject *stat_fields[MAX_STATS];
+static Py_ssize_t leaf_slots[N_FIELDS], stat_slots[MAX_STATS], part_slots[8];   /* slot_of each */
 static Py_ssize_t n_stats;
-static PyObject *part_keys[8], *part_ios[8];
+static PyObject *part_keys[8], *part_ios[8], *part_descrs[8], *part_infixes[8];   /* infix: ".{io}." */
 static Py_ssize_t n_parts;
 static PyObject *s_tensor, *s_value, *s_empty_tuple, *small_ints[N_SMALL];
 static PyObject *type_texts[5];      /* "<class 'int'>" ... for int, float, bool, str, NoneType */
 static int ready;
+
+/* where a struct keeps a field (its member descriptor's slot), -1 where it is not a plain slot */
+static Py_ssize_t slot_of(PyObject *descr) {
+    if (Py_TYPE(descr) != &PyMemberDescr_Type)
+        return -1;
+    PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+    return m->type == T_OBJECT_EX || m->type == T_OBJECT ? m->offset : -1;
+}
+
+static PyObject *get_field(PyObject *descr, PyObject *obj);
+
+/* a field of obj (of exactly the descriptor's type) read from its slot; the descriptor's
+ * own way where the slot is empty or not known (the same value, or its error) */
+static inline PyObject *field_at(PyObject *obj, PyObject *descr, Py_ssize_t offset) {
+    if (offset >= 0) {
+        PyObject *v = *(PyObject **)((char *)obj + offset);
+        if (v != NULL) {
+            Py_INCREF(v);
+            return v;
+        }
+    }
+    return get_field(descr, obj);
+}
 
 static PyObject *get_field(PyObject *descr, PyObject *obj) {
     descrgetfunc get = Py_TYPE(descr)->tp_descr_get;
@@ -84,10 +109,14 @@ static PyObject *c_init(PyObject *self, PyObject *args) {
     for (int i = 0; i < N_FIELDS; i++)
         if ((leaf_fields[i] = PyObject_GetAttrString(Leaf, field_names[i])) == NULL)
             return NULL;
+        else
+            leaf_slots[i] = slot_of(leaf_fields[i]);
     n_stats = PyTuple_GET_SIZE(stat_keys);
     for (Py_ssize_t i = 0; i < n_stats; i++)
         if ((stat_fields[i] = PyObject_GetAttr(Leaf, PyTuple_GET_ITEM(stat_keys, i))) == NULL)
             return NULL;
+        else
+            stat_slots[i] = slot_of(stat_fields[i]);
     n_parts = PyTuple_GET_SIZE(entry_keys);
     for (Py_ssize_t i = 0; i < n_parts; i++) {
         PyObject *kv = PyTuple_GET_ITEM(entry_keys, i);
@@ -99,6 +128,10 @@ static PyObject *c_init(PyObject *self, PyObject *args) {
         part_ios[i] = PyTuple_GET_ITEM(kv, 1);
         Py_INCREF(part_keys[i]);
         Py_INCREF(part_ios[i]);
+        if ((part_descrs[i] = PyObject_GetAttr(EntryType, part_keys[i])) == NULL
+                || (part_infixes[i] = PyUnicode_FromFormat(".%U.", part_ios[i])) == NULL)
+            return NULL;
+        part_slots[i] = slot_of(part_descrs[i]);
     }
     s_tensor = PyUnicode_InternFromString("tensor");
     s_value = PyUnicode_InternFromString("value");
@@ -202,7 +235,7 @@ static PyObject *leaf_row(PyObject *name, PyObject *entry_name, PyObject *io, Py
     PyObject *row = NULL, *dtype = NULL, *shape = NULL, *data_name;
     double stats[MAX_STATS];
     for (int i = 0; i < N_FIELDS; i++)
-        if ((f[i] = get_field(leaf_fields[i], leaf)) == NULL)
+        if ((f[i] = field_at(leaf, leaf_fields[i], leaf_slots[i])) == NULL)
             goto done;
     PyObject *type = f[F_TYPE];
     if (!PyUnicode_CheckExact(type))
@@ -217,7 +250,7 @@ static PyObject *leaf_row(PyObject *name, PyObject *entry_name, PyObject *io, Py
     if (tensor) {
         int ok = 1;
         for (Py_ssize_t s = 0; s < n_stats && ok; s++) {
-            PyObject *x = get_field(stat_fields[s], leaf);
+            PyObject *x = field_at(leaf, stat_fields[s], stat_slots[s]);
             if (x == NULL)
                 goto done;
             if (x == Py_None)
@@ -345,7 +378,8 @@ static int entry_rows(PyObject *entry_name, PyObject *entry, PyObject *out, pend
 #define p (*pp)
     for (Py_ssize_t j = 0; j < n_parts; j++) {
         PyObject *io = part_ios[j];
-        PyObject *part = PyObject_GetAttr(entry, part_keys[j]);
+        PyObject *part = Py_TYPE(entry) == (PyTypeObject *)EntryType ? field_at(entry, part_descrs[j], part_slots[j])
+                                                                     : PyObject_GetAttr(entry, part_keys[j]);
         if (part == NULL)
             goto fail;
         if (part == Entry_unset) {
@@ -361,7 +395,7 @@ static int entry_rows(PyObject *entry_name, PyObject *entry, PyObject *out, pend
                 goto fail;
             continue;
         }
-        PyObject *prefix = PyUnicode_FromFormat("%U.%U.", entry_name, io);
+        PyObject *prefix = PyUnicode_Concat(entry_name, part_infixes[j]);
         if (prefix == NULL) {
             Py_DECREF(part);
             goto fail;
