@@ -228,6 +228,61 @@ static PyObject *call_python(PyObject *fn, PyObject *const *args, size_t n, pend
     return r;
 }
 
+/* The last dtype text and shape tuple a leaf had, and the shared objects rows.py's dicts
+ * gave for them: consecutive leaves mostly repeat them, and comparing with the last one
+ * costs a fraction of hashing and looking up a new text or tuple (what the dicts would
+ * give is the same object either way: equal keys, a dict that only grows). */
+static PyObject *last_dtype_in, *last_dtype, *last_shape_in, *last_shape;
+
+static int same_text(PyObject *a, PyObject *b) {          /* both exact str */
+    if (a == b)
+        return 1;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(a);
+    return n == PyUnicode_GET_LENGTH(b) && PyUnicode_KIND(a) == PyUnicode_KIND(b)
+           && memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)n * PyUnicode_KIND(a)) == 0;
+}
+
+static int same_shape(PyObject *a, PyObject *b) {         /* both exact tuples */
+    if (a == b)
+        return 1;
+    Py_ssize_t n = PyTuple_GET_SIZE(a);
+    if (n != PyTuple_GET_SIZE(b))
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyTuple_GET_ITEM(a, i), *y = PyTuple_GET_ITEM(b, i);
+        if (x == y)
+            continue;
+        if (!PyLong_CheckExact(x) || !PyLong_CheckExact(y))
+            return 0;
+        int r = PyObject_RichCompareBool(x, y, Py_EQ);
+        if (r != 1) {
+            if (r < 0)
+                PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* the shared object of key in dict (PyDict_SetDefault's, a new reference), the last one's
+ * where key equals the last key */
+static PyObject *shared(PyObject *dict, PyObject *key, PyObject **last_in, PyObject **last,
+                        int (*same)(PyObject *, PyObject *)) {
+    if (*last_in != NULL && same(key, *last_in)) {
+        Py_INCREF(*last);
+        return *last;
+    }
+    PyObject *out = PyDict_SetDefault(dict, key, key);
+    if (out == NULL)
+        return NULL;
+    Py_INCREF(key);
+    Py_XSETREF(*last_in, key);
+    Py_INCREF(out);
+    Py_XSETREF(*last, out);
+    Py_INCREF(out);
+    return out;
+}
+
 /* The row of one Leaf; NULL with no error set: not a case for this path. */
 static PyObject *leaf_row(PyObject *name, PyObject *entry_name, PyObject *io, PyObject *leaf,
                           pending_t *p) {
@@ -275,17 +330,15 @@ static PyObject *leaf_row(PyObject *name, PyObject *entry_name, PyObject *io, Py
             sh = s_empty_tuple;
         else if (!PyTuple_CheckExact(sh))
             goto done;
-        shape = PyDict_SetDefault(shapes, sh, sh);
+        shape = shared(shapes, sh, &last_shape_in, &last_shape, same_shape);
         if (shape == NULL) {
             if (PyErr_ExceptionMatches(PyExc_TypeError))    /* a malformed shape: Python's */
                 PyErr_Clear();
             goto done;
         }
-        Py_INCREF(shape);
-        dtype = PyDict_SetDefault(dtypes, f[F_DTYPE], f[F_DTYPE]);
+        dtype = shared(dtypes, f[F_DTYPE], &last_dtype_in, &last_dtype, same_text);
         if (dtype == NULL)
             goto done;
-        Py_INCREF(dtype);
         if (push(p, stats) < 0)
             goto done;
         int dn = PyObject_IsTrue(f[F_DATA_NAME]);
