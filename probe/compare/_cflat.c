@@ -264,6 +264,18 @@ static int same_shape(PyObject *a, PyObject *b) {         /* both exact tuples *
     return 1;
 }
 
+/* PySequence_Contains(texts, s) for a tuple and an exact str, by length and bytes */
+static int text_in(PyObject *texts, PyObject *s) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(texts); i++) {
+        PyObject *t = PyTuple_GET_ITEM(texts, i);
+        if (!PyUnicode_CheckExact(t))
+            return PySequence_Contains(texts, s);
+        if (same_text(s, t))
+            return 1;
+    }
+    return 0;
+}
+
 /* the shared object of key in dict (PyDict_SetDefault's, a new reference), the last one's
  * where key equals the last key */
 static PyObject *shared(PyObject *dict, PyObject *key, PyObject **last_in, PyObject **last,
@@ -295,7 +307,7 @@ static PyObject *leaf_row(PyObject *name, PyObject *entry_name, PyObject *io, Py
     PyObject *type = f[F_TYPE];
     if (!PyUnicode_CheckExact(type))
         goto done;
-    int tensor = PySequence_Contains(tensor_types, type);
+    int tensor = text_in(tensor_types, type);          /* (type: an exact str, checked above) */
     if (tensor < 0)
         goto done;
     if (!tensor)
@@ -356,7 +368,7 @@ static PyObject *leaf_row(PyObject *name, PyObject *entry_name, PyObject *io, Py
     }
     /* a value: rows._leaf's dtype text and number */
     PyObject *value = f[F_VALUE];
-    int plain = PySequence_Contains(plain_types, type);
+    int plain = text_in(plain_types, type);
     if (plain < 0)
         goto done;
     double v;
