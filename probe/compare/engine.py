@@ -750,7 +750,8 @@ def _directions(entries: list) -> list:
 
 
 def _take(values: list, which: np.ndarray) -> list:
-    """``[values[k] for k in which]``, taken by numpy (no int object per row)."""
+    """``[values[k] for k in which]``, taken by numpy (no int object per row); ``values``:
+    texts or None (numpy would spread a sequence over the cells)."""
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out[which].tolist()
