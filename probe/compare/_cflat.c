@@ -806,7 +806,8 @@ done:
 
 /* api_keys(entries) -> per entry its key for engine._directions: "{base}.0.{forward|backward}"
  * for an API call's entry "{base}.{digits}.{forward|backward}" (base not empty, the digits
- * ASCII), else the entry itself (the same object; anything that is not text too). */
+ * ASCII), else the entry itself (the same object; anything that is not text too). One
+ * object per distinct key (a few hundred APIs for 100k entries: not 100k texts at once). */
 static PyObject *c_api_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyUnicode_CheckExact(args[1]) || !PyUnicode_CheckExact(args[2])) {
         PyErr_SetString(PyExc_TypeError, "api_keys(entries: list, forward: str, backward: str)");
@@ -814,9 +815,12 @@ static PyObject *c_api_keys(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     PyObject *entries = args[0], *s_forward = args[1], *s_backward = args[2];
     Py_ssize_t n = PyList_GET_SIZE(entries);
-    PyObject *out = PyList_New(n);
-    if (out == NULL)
+    PyObject *out = PyList_New(n), *seen = PyDict_New();   /* seen: one object per distinct key */
+    if (out == NULL || seen == NULL) {
+        Py_XDECREF(out);
+        Py_XDECREF(seen);
         return NULL;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *e = PyList_GET_ITEM(entries, i), *key = NULL;
         if (PyUnicode_CheckExact(e)) {
@@ -854,6 +858,11 @@ static PyObject *c_api_keys(PyObject *self, PyObject *const *args, Py_ssize_t na
                     Py_XDECREF(base);
                     if (key == NULL)
                         goto fail;
+                    PyObject *first = PyDict_SetDefault(seen, key, key);
+                    Py_XINCREF(first);
+                    Py_DECREF(key);
+                    if ((key = first) == NULL)
+                        goto fail;
                 }
             }
         }
@@ -863,9 +872,11 @@ static PyObject *c_api_keys(PyObject *self, PyObject *const *args, Py_ssize_t na
         }
         PyList_SET_ITEM(out, i, key);
     }
+    Py_DECREF(seen);
     return out;
 fail:
     Py_DECREF(out);
+    Py_DECREF(seen);
     return NULL;
 }
 

@@ -614,8 +614,11 @@ def _judge_by_statistics(t: Table, sel: np.ndarray, exact: np.ndarray):
                                         (ratio <= vd.ERROR_FACTOR, ratio > vd.ERROR_FACTOR)):
             ks = np.flatnonzero(hit & mine & how_far)
             if len(ks):
-                t.find_many(ri[ks].tolist(), level, _g3_texts(f"{level}: statistics off by ", ratio[ks], tail),
-                            headed=True)
+                # (the texts, kept, made before the rows' int objects, freed after: the ints'
+                # memory is then not pinned by the texts, and goes back to the system)
+                texts = _g3_texts(f"{level}: statistics off by ", ratio[ks], tail)
+                t.find_many(ri[ks].tolist(), level, texts, headed=True)
+                del texts
     for k in np.flatnonzero(~common).tolist():
         _judge_uncommon(t, int(ri[k]), ns[k], bs[k], float(ratio[k]), bool(exact[k]), tol_of[cls[k]])
 
