@@ -128,3 +128,141 @@ def test_direction_column_follows_the_grammar_for_every_entry(tmp_path):
     assert set(entries) == set(names)
     assert res.columns["Direction"] == [direction(e) for e in entries]
     assert {"forward", "backward", "parameters_grad", ""} <= set(res.columns["Direction"])
+
+
+@needs_c
+@pytest.mark.parametrize("identity", [False, True])
+def test_codes_same_by_c_and_python(identity, monkeypatch):
+    """codes.codes (equal values share a code, as dict.fromkeys has them) and
+    codes.object_codes (only the same object does) give the same distinct values and
+    the same codes in C and in Python: NaNs, 1 / 1.0 / True, equal texts that are
+    different objects, shared and unshared tuples, None."""
+    import numpy as np
+
+    from probe.compare import codes
+
+    nan, shared = float("nan"), (2, 3)
+    text = "".join(["torch.", "float32"])              # equal to the literal, another object
+    values = ["torch.float32", text, None, 1, 1.0, True, nan, float("nan"), nan, shared, (2, 3), shared,
+              tuple([2, 3]), (), None, "torch.float32"] * 50 + [str(i % 7) for i in range(1000)]
+    fn = codes.object_codes if identity else codes.codes
+    c_distinct, c_ids = fn(values)
+    monkeypatch.setattr(codes, "_cflat", None)
+    py_distinct, py_ids = fn(values)
+    assert len(c_distinct) == len(py_distinct) and all(map(lambda a, b: a is b, c_distinct, py_distinct))
+    assert c_ids.dtype == py_ids.dtype == np.int32 and np.array_equal(c_ids, py_ids)
+    assert [c_distinct[k] is v or c_distinct[k] == v for k, v in zip(c_ids.tolist(), values)] == [True] * len(values)
+    assert bool(c_ids[0] == c_ids[1]) is (not identity)    # equal texts: one code by value, two by identity
+    with pytest.raises(TypeError):
+        codes.codes([[1], [1]])                           # unhashable: as dict.fromkeys has it
+
+
+def _screened_pair(tmp_path, mode):
+    """An NPU and a bench dump whose rows differ in every way the screen words one by one:
+    kinds, argument values (NaN equal to NaN), dtypes not comparable, shapes, an
+    uninitialised buffer, a row on one side only; statistics off on a row with another
+    finding, and on one without; the rest agree. ``mode``: "tensor" (a row names a tensor
+    file), "md5" (one has a hash) or "statistics" (none has either)."""
+    npu = _odd_entries()
+    if mode != "tensor":
+        del npu["Functional.linear.0.forward"]["input_args"][13]["data_name"]
+    if mode == "statistics":
+        del npu["Functional.linear.0.forward"]["input_args"][13]["md5"]
+    bench = json.loads(json.dumps(npu))
+    bench["Functional.linear.0.forward"]["parameters"]["weight"].update(requires_grad=False, Max=100.0)
+    bench["Functional.linear.0.forward"]["parameters"]["bias"].update(Max=1.501)
+    args = bench["Functional.linear.0.forward"]["input_args"]
+    args[0] = {"type": "int", "value": 3}                                  # a tensor there, a value here
+    args[1] = dict(args[1], dtype="torch.int64")                          # not comparable with float32
+    args[7] = dict(args[7], shape=[3, 2])                                 # shape differs
+    args[12] = dict(args[12], uninitialized=True)                         # no data on one side
+    kwargs = bench["Functional.linear.0.forward"]["input_kwargs"]
+    kwargs["dim"] = {"type": "int", "value": 1}                          # an argument differs
+    npu["Functional.gelu.0.forward"]["input_kwargs"]["approximate"] = {"type": "float", "value": float("nan")}
+    bench["Functional.gelu.0.forward"]["input_kwargs"]["approximate"] = {"type": "float", "value": float("nan")}
+    bench["Functional.relu.1.forward"]["output"] = [_T] * 69               # one output fewer
+    paths = []
+    for side, data in (("npu", npu), ("bench", bench)):
+        (tmp_path / side).mkdir()
+        path = tmp_path / side / "dump.json"
+        path.write_text(json.dumps({"task": "statistics", "level": "L1", "data": data}))
+        paths.append(str(path))
+    return paths
+
+
+@needs_c
+@pytest.mark.parametrize("mode", ["statistics", "md5", "tensor"])
+def test_compare_same_table_by_c_and_python(mode, tmp_path, monkeypatch):
+    """The whole table (every column: findings, tolerance classes, statistics) is the same
+    when the rows, the fields and the codes are made in C or in Python, on rows that
+    differ in every way the screen words."""
+    import numpy as np
+
+    from probe.compare import codes
+    from probe.compare.engine import compare_dumps
+
+    npu, bench = _screened_pair(tmp_path, mode)
+    res = compare_dumps(npu, bench, progress=False)
+    assert res.mode == mode
+    got = res.columns
+    monkeypatch.setattr(rows, "_cflat", None)
+    monkeypatch.setattr(codes, "_cflat", None)
+    want = compare_dumps(npu, bench, progress=False).columns
+    assert list(got) == list(want)
+    for name, col in want.items():
+        if isinstance(col, np.ndarray):
+            assert np.array_equal(got[name], col, equal_nan=True), name
+        else:
+            assert list(got[name]) == list(col), name
+    text = dict(zip(want["NPU Name"], want["Err_message"]))
+    assert text["Functional.linear.0.forward.input.0"].endswith("error: NPU is a tensor, bench is a value")
+    assert "dtypes not comparable" in text["Functional.linear.0.forward.input.1"]
+    assert "shape differs: NPU [2, 3], bench [3, 2]" in text["Functional.linear.0.forward.input.7"]
+    assert "no data to compare" in text["Functional.linear.0.forward.input.12"]
+    assert text["Functional.linear.0.forward.input.dim"] == "error: argument differs: NPU -1, bench 1"
+    assert "argument differs" not in text["Functional.gelu.0.forward.input.approximate"]     # NaN and NaN
+    assert "no bench row" in text["Functional.relu.1.forward.output.69"]
+    assert want["Tolerance Dtype"][want["NPU Name"].index("Functional.linear.0.forward.input.8")] == "float32"
+    if mode == "statistics":
+        weight = text["Functional.linear.0.forward.parameters.weight"]      # two findings, in order
+        assert weight.startswith("warning: requires_grad differs: NPU True, bench False; error: statistics off by ")
+        assert weight.endswith("x the float32 tolerance (rtol 0.0001), more than 10x") and weight.count(";") == 1
+        assert text["Functional.linear.0.forward.parameters.bias"].startswith("warning: statistics off by ")
+
+
+@needs_c
+def test_direction_keys_same_by_c_and_python(monkeypatch):
+    """The Direction column's per-API keys (an API call's counter set to 0) are the same in
+    C and in Python, and give each entry the direction the vocabulary's parser gives it,
+    for names in and outside the grammar: non-ASCII digits, empty parts, near misses."""
+    from probe.compare import engine
+    from probe.vocabulary import direction
+
+    names = ["Functional.linear.0.forward", "Functional.linear.17.forward", "Tensor.__add__.007.backward",
+             "Module.fc.Linear.forward.0", "Module.fc.Linear.parameters_grad", "Functional.a.b.1.backward",
+             "weird.5.forward", "5.forward", ".1.forward", "x.y.forward", "Functional..1.forward", "a..forward",
+             "Functional.relu.\u0663.forward", "\u00e9.12.backward", "a.1.forwardx", "a.1.Forward", ".forward",
+             "forward", "", ".", "Distributed.all_reduce.4.forward", "Module.blocks.0.attn.Attention.backward.12"]
+    got = engine._api_keys(names)
+    monkeypatch.setattr(engine, "_cflat", None)
+    assert engine._api_keys(names) == got
+    assert got[:3] == ["Functional.linear.0.forward", "Functional.linear.0.forward", "Tensor.__add__.0.backward"]
+    assert engine._directions(names * 2) == [direction(n) for n in names * 2]
+
+
+@needs_c
+def test_finding_texts_same_by_c_and_python(monkeypatch):
+    """The statistics judge's findings read "{head}{ratio:.3g}{tail}" whether made in C or
+    in Python, for every kind of float64: tiny, huge, inf, NaN, signed zero, halfway cases."""
+    import numpy as np
+
+    from probe.compare import engine
+
+    rng = np.random.default_rng(0)
+    numbers = np.concatenate([rng.standard_normal(5000) * np.exp(rng.uniform(-700, 700, 5000)),
+                              [np.inf, -np.inf, np.nan, 0.0, -0.0, 5e-324, 1.7976931348623157e308, 999.5, 9.995, 1.0]])
+    head, tail = "warning: statistics off by ", "x the float32 tolerance (rtol 0.0001) \u00e9 100%"
+    got = engine._g3_texts(head, numbers[::2], tail)        # (a strided view: taken contiguous)
+    monkeypatch.setattr(engine, "_cflat", None)
+    assert engine._g3_texts(head, numbers[::2], tail) == got
+    assert got == [head + format(x, ".3g") + tail for x in numbers[::2].tolist()]

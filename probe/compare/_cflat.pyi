@@ -15,3 +15,13 @@ def fields(rows: list, names: tuple) -> tuple:
 def side_rows(data: dict, decode: Callable, decode_entry: Callable, skip: str, flatten: Callable,
               out: list, store: array) -> int:
     """Every entry of ``data`` (name -> raw JSON) decoded and flattened into ``out``; how many."""
+
+def codes(values: list, identity: bool) -> tuple[list, bytearray]:
+    """``codes.codes`` of a list: (the distinct values in order, per value its index as int32);
+    ``identity``: only the same object shares a code."""
+
+def api_keys(entries: list, forward: str, backward: str) -> list:
+    """``engine._api_keys``: per entry, an API call's entry with its counter set to 0, else the entry."""
+
+def g3_texts(head: str, numbers: Any, tail: str) -> list:
+    """``engine._g3_texts``: ``head + "%.3g" % x + tail`` for each float64 ``x`` of ``numbers`` (a buffer)."""

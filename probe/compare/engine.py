@@ -15,19 +15,19 @@ import sys
 from array import array
 from dataclasses import dataclass, field
 from collections import deque
-from itertools import repeat
-from operator import attrgetter, eq, is_, is_not
+from itertools import compress, repeat
+from operator import attrgetter, eq, is_, ne, truth
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from . import verdict as vd
-from .codes import codes
+from .codes import codes, object_codes
 from .construct import load_modules
 from .match import pair_rows
 from .metrics import TensorMetrics, stat_diffs, stat_tolerance_ratio, tensor_metrics
 from .reader import DumpMeta, gc_paused, read_dump
-from .rows import Row, direction, field_of, fields_of, flatten, numel_array, numels, side_rows, stats_in
+from .rows import Row, direction, fields_of, flatten, numel_array, numels, side_rows, stats_in
 from .tensors import load, resolve
 from probe.errors import DumpError
 from probe.tolerances import tolerance_for
@@ -103,7 +103,9 @@ def _read_side(path: str) -> Side:
 
 
 _DATA_NAME, _MD5 = attrgetter("data_name"), attrgetter("md5")
-_ROW_FIELDS = ("name", "kind", "dtype", "shape", "requires_grad")    # what Table.of and the judges read of each row
+# what Table.of and the judges read of each row (its statistics by store and k)
+_ROW_FIELDS = ("name", "entry", "kind", "dtype", "shape", "requires_grad", "unread", "store", "k")
+_VALUE = attrgetter("value")
 
 
 def choose_mode(npu: Side, bench: Side, notes: list) -> str:
@@ -254,14 +256,13 @@ class Table:
     row, a list or, for the statistics and their differences, a float64 array with NaN
     for an empty cell: what the workbook, the CSV, the page and the summary json read), the paired rows
     (``A`` the NPU side's, ``B`` the bench side's, None where unpaired), the statistics of
-    the rows both sides hold as numpy arrays (``stat_idx`` rows x ``vocabulary.STATISTICS``)
+    the rows both sides hold as numpy arrays (``stat_sel`` rows x ``vocabulary.STATISTICS``)
     and each row's findings so far."""
     mode: str
     A: list
     B: list
     cols: dict
-    tol_names: list                  # per row: the tolerance class it is judged by
-    stat_idx: list                   # rows both sides hold a summary of
+    stat_sel: np.ndarray             # rows both sides hold a summary of (int64)
     npu_st: np.ndarray
     bench_st: np.ndarray
     verdicts: dict = field(default_factory=dict)   # rows with several findings
@@ -271,47 +272,47 @@ class Table:
     messages: list = field(default_factory=list)
     kinds: tuple = ((), ())          # per side, each row's kind (None: no row)
     fields: tuple = ({}, {})         # per side, field name -> each row's (rows.fields_of)
-    stat_sel: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # stat_idx as an array
     tol_run: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))     # tol_names as codes
     tol_classes: list = field(default_factory=list)     # the names of those codes
     present: tuple = ((), ())        # per side, a bool array: the row is there
+    codes: tuple = ()                # per side, its kinds and dtypes as codes (_SideCodes)
 
     @classmethod
     def of(cls, pairs: list, mode: str, stack_mode: bool) -> Table:
         """The descriptive columns of the paired rows (names, dtypes, shapes, statistics),
         each side's fields read from its rows in one C pass (``fields_of``), the shape texts,
-        tolerance classes and directions worked out once per distinct value."""
+        tolerance classes and directions worked out once per distinct value (the kinds and
+        dtypes coded once per side: ``_SideCodes``)."""
         n = len(pairs)
         cols: dict = dict.fromkeys(columns_for(mode, stack_mode))   # in order; filled below
         A, B, match = fields_of(pairs, ("npu", "bench", "align"))
         shape_text = _Memo(lambda s: None if s is None else str(list(s)))
-        per_side = {}
+        per_side, side_codes = {}, {}
+        summaries = {}               # side -> STATISTICS x rows, NaN where a row has none
         for side, rows in (("NPU", A), ("Bench", B)):
             f = per_side[side] = dict(zip(_ROW_FIELDS, fields_of(rows, _ROW_FIELDS)))
+            summaries[side] = np.ascontiguousarray(stats_in(f.pop("store"), f.pop("k")).T)
             cols[f"{side} Name"] = f["name"]
             cols[f"{side} Dtype"] = f["dtype"]
+            c = side_codes[side] = _SideCodes.of(f)
             # (a "none" row, and only one, has no shape: rows.py makes it so); the shapes
-            # are shared tuples (rows.py): their texts looked up by identity, not by value
-            texts = {k: shape_text[v] for k, v in dict(zip(map(id, f["shape"]), f["shape"])).items()}
-            cols[f"{side} Tensor Shape"] = list(map(texts.__getitem__, map(id, f["shape"])))
+            # are shared tuples (rows.py): their texts made once per object
+            cols[f"{side} Tensor Shape"] = _take([shape_text[v] for v in c.shapes], c.shape)
             cols[f"{side} Requires_grad"] = f["requires_grad"]
         fa, fb = per_side["NPU"], per_side["Bench"]
-        has_a, has_b = _present(fa["kind"]), _present(fb["kind"])
-        entries = field_of(A, "entry")
+        ca, cb = side_codes["NPU"], side_codes["Bench"]
+        has_a, has_b = ca.present, cb.present
+        entries = fa["entry"]
         if not has_a.all():                              # bench-only rows: their entry
-            entries = [a.entry if a is not None else b.entry for a, b in zip(A, B)]
+            entries = [a if a is not None else b for a, b in zip(entries, fb["entry"])]
         cols["Direction"] = _directions(entries)
         del entries
         cols["Match"] = match
         if mode == "tensor":
             cols["Data_name"] = [str([r.data_name if r and r.data_name else "-1" for r in ab])
                                  for ab in zip(A, B)]
-        data_a, data_b = _has_data(fa["kind"]), _has_data(fb["kind"])
-        sel = np.flatnonzero(data_a & data_b)
-        stat_idx = sel.tolist()
-        summaries = {}               # side -> STATISTICS x rows, NaN where a row has none
-        for side, rows in (("NPU", A), ("Bench", B)):
-            summaries[side] = np.ascontiguousarray(stats_in(*fields_of(rows, ("store", "k"))).T)
+        sel = np.flatnonzero(ca.has_data & cb.has_data)
+        for side in per_side:
             if mode != "md5":        # md5 mode shows its hashes instead
                 for s, column in zip(STATISTICS, summaries[side]):
                     cols[f"{side} {s.column}"] = column
@@ -319,14 +320,29 @@ class Table:
         for c, col in cols.items():
             if col is None:        # filled by the judges (or empty in this mode)
                 cols[c] = np.full(n, np.nan) if c == ERR_TOLERANCE else [None] * n
-        run, classes = _running_tolerance(fa["kind"], fa["dtype"], fb["kind"], fb["dtype"])
-        table = cls(mode, A, B, cols, list(map(classes.__getitem__, run.tolist())), stat_idx, npu_st, bench_st,
-                    levels=[None] * n, messages=[None] * n, stat_sel=sel, tol_run=run, tol_classes=classes)
+        run, classes = _running_tolerance(ca, cb)
+        table = cls(mode, A, B, cols, sel, npu_st, bench_st,
+                    levels=[None] * n, messages=[None] * n, tol_run=run, tol_classes=classes)
         table.kinds = (fa["kind"], fb["kind"])
         table.present = (has_a, has_b)
         table.fields = (fa, fb)
+        table.codes = (ca, cb)
         table._requires_grad()
         return table
+
+    @property
+    def stat_idx(self) -> list:
+        """``stat_sel`` as a list."""
+        return self.stat_sel.tolist()
+
+    @property
+    def tol_names(self) -> list:
+        """Per row: the tolerance class it is judged by (None: no float tensor yet)."""
+        return list(map(self.tol_classes.__getitem__, self.tol_run.tolist()))
+
+    def tol_name(self, i: int):
+        """``tol_names[i]``, without the list."""
+        return self.tol_classes[self.tol_run[i]]
 
     def _requires_grad(self):
         rg_n, rg_b = self.cols["NPU Requires_grad"], self.cols["Bench Requires_grad"]
@@ -334,6 +350,8 @@ class Table:
         for i in np.flatnonzero(~(self.present[0] & self.present[1])).tolist():
             consistent[i] = None                         # a one-sided row
         self.cols["Requires_grad Consistent"] = consistent
+        if not consistent.count(False):                  # (counts False and what equals it: none, the usual case)
+            return
         for i in np.flatnonzero(np.fromiter(map(is_, consistent, repeat(False)), bool, len(consistent))).tolist():
             self.verdict(i).add("warning", f"requires_grad differs: NPU {rg_n[i]}, bench {rg_b[i]}")
 
@@ -350,18 +368,21 @@ class Table:
         """A finding on row ``i``; the usual one-finding row needs no Verdict object."""
         self.find_many((i,), level, (text,))
 
-    def find_many(self, rows: Sequence[int], level: str, texts: Iterable[str]):
+    def find_many(self, rows: Sequence[int], level: str, texts: Iterable[str], headed: bool = False):
         """``find`` of one level on many rows (the statistics judge's hundreds of thousands):
         rows with no finding yet get theirs at once (stored in C where none of ``rows``
         has one yet, the usual case). ``texts``: one per row, read one at a time (a
-        generator need not hold them all)."""
+        generator need not hold them all); ``headed``: each begins with the level's head
+        (``"warning: "``), as a row's one finding is stored (one text made per row, not two)."""
         have, messages, verdicts = self.levels, self.messages, self.verdicts
         head = f"{level}: " if level != PASS else ""
-        if not any(map(have.__getitem__, rows)) and not any(map(verdicts.__contains__, rows)):
+        if not any(map(have.__getitem__, rows)) and (not verdicts or not any(map(verdicts.__contains__, rows))):
             deque(map(have.__setitem__, rows, repeat(level)), 0)
-            deque(map(messages.__setitem__, rows, map(head.__add__, texts)), 0)
+            deque(map(messages.__setitem__, rows, texts if headed else map(head.__add__, texts)), 0)
             return
         for i, text in zip(rows, texts):
+            if headed:
+                text = text[len(head):]
             if have[i] is None and i not in verdicts:
                 have[i], messages[i] = level, head + text
             else:
@@ -370,9 +391,11 @@ class Table:
     def close(self):
         """The one-sided rows' findings, then the Result and Err_message columns."""
         _one_sided(self)
-        result = [level or PASS for level in self.levels]
-        message = [text or "" for text in self.messages]
-        self.levels = self.messages = []
+        levels, which = codes(self.levels)           # (None and the three levels: coded in C)
+        result = _take([level or PASS for level in levels], which)
+        message, self.levels, self.messages = self.messages, [], []
+        none = np.fromiter(map(is_, message, repeat(None)), bool, len(message))
+        deque(map(message.__setitem__, np.flatnonzero(none).tolist(), repeat("")), 0)     # (text or "")
         for i, v in self.verdicts.items():
             result[i], message[i] = v.level, v.text()
         self.cols["Result"], self.cols["Err_message"] = result, message
@@ -380,8 +403,8 @@ class Table:
 
 def _one_sided(t: Table):
     """Rows with one side missing or None (a few: found with numpy, then one by one)."""
-    (has_a, has_b), (ka, kb) = t.present, t.kinds
-    for i in np.flatnonzero(~(has_a & has_b) | (_has_data(ka) != _has_data(kb))).tolist():
+    (has_a, has_b), (ca, cb) = t.present, t.codes
+    for i in np.flatnonzero(~(has_a & has_b) | (ca.has_data != cb.has_data)).tolist():
         a, b = t.A[i], t.B[i]
         if a is None:
             t.verdict(i).add("warning", "no NPU row matched this bench row")
@@ -396,38 +419,92 @@ def _one_sided(t: Table):
 
 @dataclass
 class Screened:
-    """What the judges get: rows whose kinds, dtypes and shapes agree (``rows``: (j, i,
-    (exact, tolerance, Tolerance Dtype text)), ``j`` indexing ``Table.stat_idx``), and the
-    rows that are plain arguments (judged by equality here)."""
-    rows: list
+    """What the judges get: rows whose kinds, dtypes and shapes agree (``js``: their
+    places in ``Table.stat_sel``; ``how``: per such row its index into ``hows``, the
+    (exact, tolerance, Tolerance Dtype text) of its dtypes and tolerance class;
+    ``exact``: per such row, judged exactly), and the rows that are plain arguments
+    (judged by equality here)."""
+    js: np.ndarray
+    how: np.ndarray
+    hows: list
+    exact: np.ndarray
     values: list
+    rows_i: np.ndarray              # per such row, its index among the table's rows
+
+    @property
+    def rows(self) -> list:
+        """(j, i, (exact, tolerance, Tolerance Dtype text)) per row: what the md5 and
+        tensor judges walk one by one (i indexing the table's rows)."""
+        return list(zip(self.js.tolist(), self.rows_i.tolist(), map(self.hows.__getitem__, self.how.tolist())))
 
 
 def _screen(t: Table) -> Screened:
-    """The checks every mode makes first: kinds, argument values, dtypes, shapes."""
-    rows, values = [], []
+    """The checks every mode makes first: kinds, argument values, dtypes, shapes. The
+    agreeing rows (almost all) are found with numpy over each side's codes, the dtype
+    pairs judged once per distinct (NPU dtype, bench dtype, tolerance class); the few rows
+    with something to say are worded one by one."""
+    sel, A, B = t.stat_sel, t.A, t.B
+    (ca, cb), (fa, fb) = t.codes, t.fields
+    ka, kb = ca.kind[sel], cb.kind[sel]
+    differ = ka != kb
+    for i in sel[differ].tolist():
+        t.verdict(i).add("error", f"NPU is a {A[i].kind}, bench is a {B[i].kind}")
+    is_value = ~differ & (ka == _KIND_CODE["value"])
+    values = sel[is_value].tolist()
+    if values:
+        va = list(map(_VALUE, map(A.__getitem__, values)))
+        vb = list(map(_VALUE, map(B.__getitem__, values)))
+        for i, x, y in compress(zip(values, va, vb), map(ne, va, vb)):
+            if not (_isnan(x) and _isnan(y)):
+                t.verdict(i).add("error", f"argument differs: NPU {x!r}, bench {y!r}")
+    js = np.flatnonzero(~differ & ~is_value)
+    it = sel[js]
     # per (NPU dtype, bench dtype, tolerance class): None if not comparable, else
     # (exact, tolerance, Tolerance Dtype text) -- a few distinct keys for 100ks of rows
-    judged = _Memo(_dtype_judgement)
-    tol_dtype, tol_names, A, B = t.cols["Tolerance Dtype"], t.tol_names, t.A, t.B
-    for j, i in enumerate(t.stat_idx):
-        a, b = A[i], B[i]
-        if a.kind != b.kind:
-            t.verdict(i).add("error", f"NPU is a {a.kind}, bench is a {b.kind}")
-        elif a.kind == "value":
-            if a.value != b.value and not (_isnan(a.value) and _isnan(b.value)):
-                t.verdict(i).add("error", f"argument differs: NPU {a.value!r}, bench {b.value!r}")
-            values.append(i)
-        elif (how := judged[a.dtype, b.dtype, tol_names[i]]) is None:
-            t.verdict(i).add("error", f"dtypes not comparable: NPU {a.dtype}, bench {b.dtype}")
-        elif a.shape != b.shape:
-            t.verdict(i).add("error", f"shape differs: NPU {list(a.shape)}, bench {list(b.shape)}")
-        elif a.unread or b.unread:   # torch.empty's contents, an out= buffer, a handle's address
+    nb, nc = max(len(cb.dtypes), 1), max(len(t.tol_classes), 1)
+    key = (ca.dtype[it].astype(np.int64) * nb + cb.dtype[it]) * nc + t.tol_run[it]
+    uniq, how = _dense_codes(key, len(ca.dtypes) * nb * nc)
+    hows = [_dtype_judgement((ca.dtypes[k // (nb * nc)], cb.dtypes[k // nc % nb], t.tol_classes[k % nc]))
+            for k in uniq.tolist()]
+    ok = np.array([h is not None for h in hows] or [True])[how]
+    for i in it[~ok].tolist():
+        t.verdict(i).add("error", f"dtypes not comparable: NPU {A[i].dtype}, bench {B[i].dtype}")
+    # the shapes are shared tuples (rows.py): the same object is the same shape; the
+    # others compared by value
+    same = np.fromiter(map(is_, fa["shape"], fb["shape"]), bool, len(A))[it]
+    for k in np.flatnonzero(ok & ~same).tolist():
+        i = int(it[k])
+        if A[i].shape != B[i].shape:
+            t.verdict(i).add("error", f"shape differs: NPU {list(A[i].shape)}, bench {list(B[i].shape)}")
+            ok[k] = False
+    if fa["unread"].count(True) or fb["unread"].count(True):
+        unread = (np.fromiter(map(truth, fa["unread"]), bool, len(A))
+                  | np.fromiter(map(truth, fb["unread"]), bool, len(B)))[it] & ok
+        for i in it[unread].tolist():     # torch.empty's contents, an out= buffer, a handle's address
             t.verdict(i).add("pass", "no data to compare: an uninitialised buffer (torch.empty, out=) or a handle")
-        else:
-            tol_dtype[i] = how[2]
-            rows.append((j, i, how))
-    return Screened(rows, values)
+        ok &= ~unread
+    js, it, how = js[ok], it[ok], how[ok]
+    texts = [h[2] if h is not None else None for h in hows]
+    code = np.full(len(A), len(texts), np.int64)
+    code[it] = how
+    t.cols["Tolerance Dtype"] = list(map((texts + [None]).__getitem__, code.tolist()))
+    exact = np.array([h is not None and h[2] == "exact" for h in hows] or [False])[how]
+    return Screened(js, how, hows, exact, values, it)
+
+
+def _dense_codes(key: np.ndarray, size: int) -> tuple:
+    """(the distinct values of ``key`` in order, per element its index among them):
+    ``np.unique(key, return_inverse=True)``, by a table of ``size`` (the values' range,
+    a few hundred here) where that is small."""
+    if size > (1 << 20):
+        uniq, inv = np.unique(key, return_inverse=True)
+        return uniq, inv.reshape(-1)
+    seen = np.zeros(size, bool)
+    seen[key] = True
+    uniq = np.flatnonzero(seen)
+    lut = np.zeros(size, np.int64)
+    lut[uniq] = np.arange(len(uniq))
+    return uniq, lut[key]
 
 
 @dataclass
@@ -448,20 +525,20 @@ def judge_statistics(t: Table, screened: Screened, files: _TensorFiles):
     for k, s in enumerate(STATISTICS):
         t.cols[s.diff] = _scatter(n, t.stat_sel, diff[:, k])
         t.cols[s.relative] = _scatter(n, t.stat_sel, rel[:, k])
-    _judge_by_statistics(t, [j for j, _, _ in screened.rows])
+    _judge_by_statistics(t, screened.js, screened.exact)
 
 
 def judge_md5(t: Table, screened: Screened, files: _TensorFiles):
     """md5 mode: equal hashes pass; hashes that must differ (across dtypes, downstream of
     lower precision) are judged by the statistics the md5 dump also holds."""
-    stat_rows = []
+    stat_rows, exact = [], []
     npu_md5, bench_md5 = t.cols["NPU MD5"], t.cols["BENCH MD5"]
-    for j, i, _how in screened.rows:
+    for j, i, how in screened.rows:
         a, b = t.A[i], t.B[i]
         npu_md5[i], bench_md5[i] = a.md5, b.md5
         if a.md5 == b.md5:
             continue
-        tol_name = t.tol_names[i]
+        tol_name = t.tol_name(i)
         if a.dtype == b.dtype and tol_name == vd.dtype_class(a.dtype):
             t.verdict(i).add("error", f"CRC32 differs ({a.md5} vs {b.md5}) with the same dtype")
             continue
@@ -470,7 +547,8 @@ def judge_md5(t: Table, screened: Screened, files: _TensorFiles):
         t.verdict(i).add("pass", f"CRC32 differs, as it must {why}; judged by the statistics "
                                  f"the md5 dump also holds")
         stat_rows.append(j)
-    _judge_by_statistics(t, stat_rows)
+        exact.append(how[2] == "exact")
+    _judge_by_statistics(t, np.array(stat_rows, np.int64), np.array(exact, bool))
 
 
 def judge_tensor(t: Table, screened: Screened, files: _TensorFiles):
@@ -501,18 +579,18 @@ def judge_tensor(t: Table, screened: Screened, files: _TensorFiles):
         if isinstance(res, str):
             t.verdict(i).add("warning" if "missing" in res else "error", res)
             continue
-        _tensor_row(t.cols, i, res, t.verdict(i), t.tol_names[i], _rest[-1])
+        _tensor_row(t.cols, i, res, t.verdict(i), t.tol_name(i), _rest[-1])
 
 
 JUDGES = {"statistics": judge_statistics, "md5": judge_md5, "tensor": judge_tensor}
 
 
-def _judge_by_statistics(t: Table, stat_rows: list):
-    """Rows (indices into ``t.stat_idx``) judged by their statistics, vectorised; rows
-    with NaN/Inf or exact dtypes one by one."""
-    if not stat_rows:
+def _judge_by_statistics(t: Table, sel: np.ndarray, exact: np.ndarray):
+    """Rows (``sel``: places in ``t.stat_sel``; ``exact``: per row, its dtypes are
+    compared exactly) judged by their statistics, vectorised; rows with NaN/Inf or exact
+    dtypes one by one."""
+    if not len(sel):
         return
-    sel = np.array(stat_rows, dtype=np.int64)
     ri = t.stat_sel[sel]
     # per row its tolerance class's code: the tolerances are looked up per class (a few)
     run = t.tol_run[ri]
@@ -523,19 +601,16 @@ def _judge_by_statistics(t: Table, stat_rows: list):
     cls = lut[run]
     del run
     tol_of = [vd.TOLERANCES.get(name) or vd.TOLERANCES["float32"] for name in classes]
-    numel = numel_array(list(map(t.fields[1]["shape"].__getitem__, ri.tolist())))   # the judged rows' only
+    numel = t.codes[1].numel(ri)          # the bench side's, as the metrics take it
     ns, bs = t.npu_st[sel], t.bench_st[sel]
     ratio = stat_tolerance_ratio(ns, bs, numel, np.array([x.rtol for x in tol_of])[cls],
                                  np.array([x.floor for x in tol_of])[cls])
-    tol_dtype = t.cols["Tolerance Dtype"]
-    rows_i = map(t.stat_idx.__getitem__, stat_rows)          # (ints shared with stat_idx: no new ones)
-    exact = np.fromiter(map(eq, map(tol_dtype.__getitem__, rows_i), repeat("exact")), bool, len(ri))
     common = np.isfinite(ns).all(axis=1) & np.isfinite(bs).all(axis=1) & ~exact     # kept cheap
     t.cols[ERR_TOLERANCE][ri[common]] = ratio[common]
     # vd.ratio_finding(r, tol, "statistics off by") of each row beyond its tolerance, made
-    # per tolerance class and level (a few) with the text's constant ends joined once; the
-    # texts made one at a time (in C: map) as find_many stores them (a list of them all
-    # beside the stored messages was the compare's peak memory: ~40 MB on the 100k-entry pairs)
+    # per tolerance class and level (a few) with the text's constant ends joined once; each
+    # text made once with its level's head, as find_many stores it (an unheaded text and a
+    # headed one per row were the compare's peak memory: ~40 MB on the 100k-entry pairs)
     hit = common & (ratio > 1.0)
     for c, tol in enumerate(tol_of):
         mine = cls == c
@@ -543,11 +618,22 @@ def _judge_by_statistics(t: Table, stat_rows: list):
                                         (ratio <= vd.ERROR_FACTOR, ratio > vd.ERROR_FACTOR)):
             ks = np.flatnonzero(hit & mine & how_far)
             if len(ks):
-                t.find_many(list(map(t.stat_idx.__getitem__, map(stat_rows.__getitem__, ks.tolist()))), level,
-                            map(str.__add__, map("statistics off by ".__add__,
-                                                 map(format, ratio[ks].tolist(), repeat(".3g"))), repeat(tail)))
+                # (the texts, kept, made before the rows' int objects, freed after: the ints'
+                # memory is then not pinned by the texts, and goes back to the system)
+                texts = _g3_texts(f"{level}: statistics off by ", ratio[ks], tail)
+                t.find_many(ri[ks].tolist(), level, texts, headed=True)
+                del texts
     for k in np.flatnonzero(~common).tolist():
         _judge_uncommon(t, int(ri[k]), ns[k], bs[k], float(ratio[k]), bool(exact[k]), tol_of[cls[k]])
+
+
+def _g3_texts(head: str, numbers: np.ndarray, tail: str) -> list:
+    """``head + format(x, ".3g") + tail`` for each of ``numbers`` (float64): the statistics
+    judge's findings, one text made per row (in C; else by printf's %.3g, which is
+    format's .3g and a third faster)."""
+    if _cflat is not None:
+        return _cflat.g3_texts(head, np.ascontiguousarray(numbers, np.float64), tail)
+    return list(map((head.replace("%", "%%") + "%.3g" + tail.replace("%", "%%")).__mod__, numbers.tolist()))
 
 
 def _judge_uncommon(t: Table, i: int, ns: np.ndarray, bs: np.ndarray, r: float, exact: bool, tol):
@@ -608,67 +694,98 @@ def _scatter(n: int, idx: np.ndarray, values: np.ndarray) -> np.ndarray:
     return col
 
 
-def _running_tolerance(kinds_a: list, dtypes_a: list, kinds_b: list, dtypes_b: list) -> tuple:
+def _running_tolerance(side_a: _SideCodes, side_b: _SideCodes) -> tuple:
     """Per row, the coarsest float class of its tensors and of all tensors before it
-    (each side's rank worked out once per distinct (kind, dtype)): (per row a code, the
-    class name of each code; None: no float tensor yet)."""
+    (each side's rank worked out once per distinct dtype): (per row a code, the class
+    name of each code; None: no float tensor yet)."""
     none = len(vd.RANK)
     names = [k for k, _ in sorted(vd.RANK.items(), key=lambda kv: kv[1])] + [None]
-    if not kinds_a:
+    if not len(side_a.kind):
         return np.zeros(0, np.int8), names
-
-    def rank(key):
-        kind, dtype = key
-        return vd.RANK.get(vd.dtype_class(dtype) or "", none) if kind == "tensor" else none
-
-    ra = _per_distinct(kinds_a, dtypes_a, rank)
-    rb = _per_distinct(kinds_b, dtypes_b, rank)
-    return np.minimum.accumulate(np.minimum(ra, rb)).astype(np.int8), names
+    ranks = []
+    for side in (side_a, side_b):
+        lut = np.array([vd.RANK.get(vd.dtype_class(d) or "", none) for d in side.dtypes] or [none], np.int64)
+        ranks.append(np.where(side.kind == _KIND_CODE["tensor"], lut[side.dtype], none))
+    return np.minimum.accumulate(np.minimum(*ranks)).astype(np.int8), names
 
 
-def _per_distinct(xs: list, ys: list, fn) -> np.ndarray:
-    """``fn((x, y))`` of each row as an int array, called once per distinct pair."""
-    cx, ix = codes(xs)
-    cy, iy = codes(ys)
-    key = ix.astype(np.int64) * max(len(cy), 1) + iy
-    uniq, inv = np.unique(key, return_inverse=True)
-    values = np.array([fn((cx[k // max(len(cy), 1)], cy[k % max(len(cy), 1)])) for k in uniq.tolist()],
-                      dtype=np.int64)
-    return values[inv.reshape(-1)]
+_KIND_CODE = {None: 0, "none": 1, "tensor": 2, "value": 3}     # another kind: the next code
+
+
+@dataclass
+class _SideCodes:
+    """One side's kinds and dtypes as codes, each coded once per side: what the presence,
+    the tolerance classes and the screen read of every row."""
+    kind: np.ndarray         # per row, its kind's _KIND_CODE (0: no row)
+    dtype: np.ndarray        # per row, its dtype's index in ``dtypes``
+    dtypes: list             # the side's distinct dtypes (None among them)
+    shape: np.ndarray        # per row, its shape's index in ``shapes``
+    shapes: list             # the side's distinct shape objects (rows.py shares one per shape)
+
+    @classmethod
+    def of(cls, f: dict) -> _SideCodes:
+        kinds, kind = codes(f["kind"])
+        lut = np.array([_KIND_CODE.setdefault(k, len(_KIND_CODE)) for k in kinds] or [0], np.int16)
+        dtypes, dtype = codes(f["dtype"])
+        shapes, shape = object_codes(f["shape"])
+        return cls(lut[kind], dtype, dtypes, shape, shapes)
+
+    def numel(self, rows: np.ndarray) -> np.ndarray:
+        """``numel_array`` of these rows' shapes (worked out once per distinct shape)."""
+        return numel_array(self.shapes)[self.shape[rows]]
+
+    @property
+    def present(self) -> np.ndarray:
+        """Per row: the side has it."""
+        return self.kind != _KIND_CODE[None]
+
+    @property
+    def has_data(self) -> np.ndarray:
+        """Per row: the side has it and it is not None (a tensor or an argument)."""
+        return self.kind > _KIND_CODE["none"]
 
 
 def _directions(entries: list) -> list:
     """``direction`` of each row's entry, worked out once per API and direction: an API
     call's entry ``{base}.{N}.{forward|backward}`` has the direction of ``{base}.0.{...}``
     whatever its counter (vocabulary's grammar reads the counter's digits as a number
-    only), so 100k entries take a few hundred parses, not 100k."""
-    by_api: dict = {}
+    only), so 100k entries take a few hundred parses, not 100k. The rows of an entry share
+    its name: coded (``codes``) and keyed (``_api_keys``) once per entry, in C."""
+    distinct, which = codes(entries)
+    of_key = _Memo(direction)
+    return _take(list(map(of_key.__getitem__, _api_keys(distinct))), which)
 
-    def one(entry):
+
+def _take(values: list, which: np.ndarray) -> list:
+    """``[values[k] for k in which]``, taken by numpy (no int object per row); ``values``:
+    texts or None (numpy would spread a sequence over the cells)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out[which].tolist()
+
+
+def _api_keys(entries: list) -> list:
+    """Per entry, ``{base}.0.{forward|backward}`` for an API call's ``{base}.{N}.{...}``
+    (N: ASCII digits, base not empty), else the entry itself."""
+    if _cflat is not None:
+        return _cflat.api_keys(entries, FORWARD, BACKWARD)
+    keys = []
+    for entry in entries:
         if type(entry) is str:
             head, dot, last = entry.rpartition(".")
             if last == FORWARD or last == BACKWARD:
                 base, dot, index = head.rpartition(".")
                 if base and index.isdigit() and index.isascii():
-                    key = (base, last)
-                    d = by_api.get(key)
-                    if d is None:
-                        d = by_api[key] = direction(f"{base}.0.{last}")
-                    return d
-        return direction(entry)
-
-    return list(map(_Memo(one).__getitem__, entries))
+                    keys.append(f"{base}.0.{last}")
+                    continue
+        keys.append(entry)
+    return keys
 
 
-def _present(kinds: list) -> np.ndarray:
-    """Per row: the side has it (its kind is not None)."""
-    return np.fromiter(map(is_not, kinds, repeat(None)), bool, len(kinds))
-
-
-def _has_data(kinds: list) -> np.ndarray:
-    """Per row: the side has it and it is not None (a tensor or an argument)."""
-    distinct, ids = codes(kinds)
-    return np.array([k is not None and k != "none" for k in distinct] or [False])[ids]
+try:
+    from . import _cflat
+except ImportError:         # built without a C compiler: the same keys, in Python
+    _cflat = None           # type: ignore[assignment]
 
 
 def _isnan(x) -> bool:

@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
+from .codes import object_codes
 from .reader import Entry, Leaf, RawEntries
 from probe.errors import DumpError
 from probe.vocabulary import ENTRY_KEYS, IO_PARTS, PARAMETERS, PARAMETERS_GRAD, STAT_KEYS, parse_entry_name
@@ -109,9 +110,8 @@ _FLOAT_MAX = sys.float_info.max      # a larger element count reads as inf (a ga
 def numel_array(shapes: list) -> np.ndarray:
     """``numels`` of ``shapes`` as float64, inf past float64's range; each distinct shape
     object worked out once (a side's rows share one tuple per distinct shape)."""
-    distinct = dict(zip(map(id, shapes), shapes))
-    numel = {k: n if n <= _FLOAT_MAX else math.inf for k, n in zip(distinct, numels(list(distinct.values())))}
-    return np.fromiter(map(numel.__getitem__, map(id, shapes)), np.float64, len(shapes))
+    distinct, ids = object_codes(shapes)
+    return np.array([n if n <= _FLOAT_MAX else math.inf for n in numels(distinct)] or [0.0], np.float64)[ids]
 
 
 def _numel(shape) -> int:
@@ -143,23 +143,25 @@ def fields_of(rows: list, names: tuple) -> tuple:
 
 
 def stats_in(stores: list, ks: list) -> np.ndarray:
-    """``stats_of`` of rows given by their ``store`` and ``k`` (``fields_of``'s lists)."""
+    """``stats_of`` of rows given by their ``store`` and ``k`` (``fields_of``'s lists);
+    the rows of each store (a side has one) read from it at once."""
     n = len(ks)
     out = np.full((n, _WIDTH), np.nan)
-    store = next((s for s in stores if s is not None), None)
-    if store is None:
+    distinct, which = object_codes(stores)       # (by identity: equal stores are not the same)
+    if len(distinct) == 1 and distinct[0] is not None:     # the usual case: every row in one store
+        out[:] = _table(distinct[0])[np.fromiter(ks, np.int64, n)]
         return out
-    table = np.frombuffer(store, dtype=np.float64).reshape(-1, _WIDTH)
-    mine = np.fromiter(map(is_, stores, repeat(store)), bool, n)
-    if mine.all():                     # the usual case: every row in one store
-        out[:] = table[np.fromiter(ks, np.int64, n)]
-        return out
-    out[mine] = table[np.array(ks, dtype=object)[mine].astype(np.int64)]   # (None: no row)
-    other = ~mine & ~np.fromiter(map(is_, stores, repeat(None)), bool, n)
-    for i in np.flatnonzero(other).tolist():        # rows of another store
-        base = _WIDTH * ks[i]
-        out[i] = tuple(stores[i][base:base + _WIDTH])
+    k = np.array(ks, dtype=object)                # (None: no row)
+    for c, store in enumerate(distinct):
+        if store is not None:
+            mine = np.flatnonzero(which == c)
+            out[mine] = _table(store)[k[mine].astype(np.int64)]
     return out
+
+
+def _table(store: array) -> np.ndarray:
+    """A store's statistics as rows x ``len(STAT_KEYS)`` (its memory, not a copy)."""
+    return np.frombuffer(store, dtype=np.float64).reshape(-1, _WIDTH)
 
 
 def _num(x) -> float:
