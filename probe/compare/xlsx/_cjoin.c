@@ -565,6 +565,26 @@ static PyObject *join_rows(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* Codes as bytes of 1, 2 or 4 bytes a code (the fewest that hold k distinct values). */
+static PyObject *code_bytes(const uint32_t *all, Py_ssize_t n, Py_ssize_t k) {
+    int width = k <= 1 << 8 ? 1 : k <= 1 << 16 ? 2 : 4;
+    PyObject *bytes = PyBytes_FromStringAndSize(NULL, n * width);
+    if (bytes == NULL)
+        return NULL;
+    char *b = PyBytes_AS_STRING(bytes);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (width == 1) {
+            b[i] = (char)(unsigned char)all[i];
+        } else if (width == 2) {
+            uint16_t c = (uint16_t)all[i];
+            memcpy(b + 2 * i, &c, 2);
+        } else {
+            memcpy(b + 4 * i, &all[i], 4);
+        }
+    }
+    return bytes;
+}
+
 /* codes(values) -> (distinct, codes)
  *   values: hashable values (a list, or any iterable, read once). distinct: its values
  *   in order of first appearance (as dict.fromkeys keeps them); codes: per value the
@@ -633,22 +653,9 @@ static PyObject *codes(PyObject *self, PyObject *values) {
         }
         all[n] = last_code;
     }
-    Py_ssize_t k = PyList_GET_SIZE(distinct);
-    int width = k <= 1 << 8 ? 1 : k <= 1 << 16 ? 2 : 4;
-    PyObject *bytes = PyBytes_FromStringAndSize(NULL, n * width);
+    PyObject *bytes = code_bytes(all, n, PyList_GET_SIZE(distinct));
     if (bytes == NULL)
         goto done;
-    char *b = PyBytes_AS_STRING(bytes);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (width == 1) {
-            b[i] = (char)(unsigned char)all[i];
-        } else if (width == 2) {
-            uint16_t c = (uint16_t)all[i];
-            memcpy(b + 2 * i, &c, 2);
-        } else {
-            memcpy(b + 4 * i, &all[i], 4);
-        }
-    }
     out = PyTuple_Pack(2, distinct, bytes);
     Py_DECREF(bytes);
 done:
@@ -658,26 +665,6 @@ done:
     Py_XDECREF(index);
     Py_XDECREF(distinct);
     return out;
-}
-
-/* Codes as bytes of 1, 2 or 4 bytes a code (the fewest that hold k distinct values). */
-static PyObject *code_bytes(const uint32_t *all, Py_ssize_t n, Py_ssize_t k) {
-    int width = k <= 1 << 8 ? 1 : k <= 1 << 16 ? 2 : 4;
-    PyObject *bytes = PyBytes_FromStringAndSize(NULL, n * width);
-    if (bytes == NULL)
-        return NULL;
-    char *b = PyBytes_AS_STRING(bytes);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (width == 1) {
-            b[i] = (char)(unsigned char)all[i];
-        } else if (width == 2) {
-            uint16_t c = (uint16_t)all[i];
-            memcpy(b + 2 * i, &c, 2);
-        } else {
-            memcpy(b + 4 * i, &all[i], 4);
-        }
-    }
-    return bytes;
 }
 
 typedef struct {                  /* a distinct tail: its characters in a 1-byte text */
