@@ -385,7 +385,8 @@ def test_shared_strings_added_at_once_are_the_strings_added_one_by_one():
     quiet = [f"warning: Max diff {k / 7:.6g} > {k}" for k in range(50)] + [
         " lead", "trail ", "a & b <c> d", "=1+1", "-3", "@x", "'quoted", "é 名前", "", " "]
     loud = quiet + ["tab\there", "x" * 40000, "a\x00b", "\u2028"]
-    for texts in (quiet, loud):
+    long = quiet + ["a&" * 15999 + "b"]      # under the limit as given, past it once escaped
+    for texts in (quiet, loud, long):
         together, alone = cells.SharedStrings(), cells.SharedStrings()
         for s in (together, alone):
             s.body(texts[3])

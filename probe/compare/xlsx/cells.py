@@ -68,15 +68,17 @@ class SharedStrings:
         new = [t for t in texts if t not in self.cells]
         shown = neutral_texts(new)
         joined = "\x00".join(shown)
-        if (not new or joined.count("\x00") != len(new) - 1 or not _printable(joined.replace("\x00", ""))
-                or max(map(len, shown)) > 32000):
+        escaped: list = []
+        if new and joined.count("\x00") == len(new) - 1 and _printable(joined.replace("\x00", "")):
+            if "&" in joined or "<" in joined or ">" in joined:
+                joined = joined.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            escaped = joined.split("\x00")
+        if not escaped or max(map(len, escaped)) > 32000:      # text_body cuts a text past it once escaped
             for t in new:
                 self.body(t)
             return
-        if "&" in joined or "<" in joined or ">" in joined:
-            joined = joined.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         k = len(self.items)
-        for text, e in zip(new, joined.split("\x00")):
+        for text, e in zip(new, escaped):
             # printable: its only white space is " " (kept at an edge as text_body keeps it)
             self.items.append(('<si><t xml:space="preserve">%s</t></si>' if e[:1] == " " or e[-1:] == " "
                                else "<si><t>%s</t></si>") % e)
