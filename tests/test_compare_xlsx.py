@@ -5,10 +5,9 @@ import math
 import zipfile
 
 import numpy as np
-import orjson
 import openpyxl
 
-from probe.compare.xlsx import Sheet, cell_body, encode_column, write_workbook
+from probe.compare.xlsx import Sheet, cell_body, encode_column, float_text, write_workbook
 
 INF = float("inf")
 COLUMNS = {
@@ -51,10 +50,10 @@ def _formula_safe(value):
 
 
 def _csv_text(value) -> str:
-    """csv.writer's field, but a finite float in the shortest text that reads back as it
-    (``1e-5`` where csv.writer has repr's ``1e-05``)."""
+    """csv.writer's field, but a finite float in the shortest text that reads back as it,
+    laid out as Ryu lays it out (``1e-7`` where csv.writer has repr's ``1e-07``)."""
     if type(value) is float and math.isfinite(value):
-        text = orjson.dumps(value).decode()
+        text = float_text.text_py(value)
         assert float(text) == value
         return text
     value = _formula_safe(value)

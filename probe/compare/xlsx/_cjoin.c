@@ -2,7 +2,7 @@
  *
  * cells.encode_rows works a chunk of rows out a column at a time: per column one text
  * per row, or one text for every row, or a code per row into a few texts, or, for a run
- * of float columns, the text orjson made of the whole block. A row of the file is those
+ * of float columns, the text of the whole block (float_text.py). A row of the file is those
  * texts one after another. In Python that took a zip, a chain, a join and an encode, and
  * for each block of numbers two str.replace and a split first (the block's commas
  * becoming the XML between its cells): about half of the 1.7 s that the main sheet of
@@ -18,13 +18,18 @@
  *                          native order: len(codes) // m says which): row r writes
  *                          texts[codes[r]] (a column of few distinct values, or the
  *                          rows' style, without a list of m texts)
- *     (bytes, openings)    a block of numbers, orjson's text of an m x k float64 array
- *                          ("[[a,b],[c,d]]"): row r writes each number x of its row as
+ *     (bytes, openings)    a block of numbers, the text of an m x k float64 array
+ *                          ("[[a,b],[c,d]]", float_text.py): row r writes each number x of its row as
  *                          opening + "><v>" + x + "</v></c>", or opening + "/>" where
  *                          x is null (a NaN); openings: a list of m str, one str, or
  *                          (texts, codes) as above
  *     (bytes, None)        the same block as CSV fields: row r writes its numbers,
  *                          comma-separated, null as nothing
+ *     (Block, openings), (Block, None)
+ *                          the same, the block's text made by _cfloat (see _cfloat.h)
+ *                          when the rows are joined, by the first of the sheet's and the
+ *                          CSV's joins to need it, without the GIL (the module's
+ *                          "block_parts" says whether _cfloat was there to take them)
  *   sep: written between the parts of a row; end: after each row. Text is UTF-8.
  *
  * cells.join_rows_py is the same function in Python (used where this was not built);
@@ -34,6 +39,10 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "_cfloat.h"
+
+static const probe_cfloat_api *cfloat;        /* NULL where _cfloat was not built */
 
 #if defined(__SSE2__) && defined(__GNUC__)
 #include <emmintrin.h>
@@ -61,6 +70,8 @@ typedef struct {
     Py_ssize_t open_len;
     pick_t pick;              /* P_PICK: the texts; P_CELLS: the openings, where picked */
     long long first;          /* P_COUNT: row 0's number */
+    PyObject *block;          /* P_CELLS / P_FIELDS of a Block: text and len set when joined
+                                 (len its bound until then) */
 } part_t;
 
 typedef struct {              /* the result, written in place: sized first, never grown */
@@ -68,7 +79,7 @@ typedef struct {              /* the result, written in place: sized first, neve
     Py_ssize_t len, cap;
 } out_t;
 
-enum { J_OK, J_BLOCK, J_SIZE };   /* what a copy without the GIL found */
+enum { J_OK, J_BLOCK, J_SIZE, J_MEMORY };   /* what a copy without the GIL found */
 
 /* Rows: parts read and checked (their UTF-8 made), to be joined later, on any thread. */
 typedef struct {
@@ -315,10 +326,17 @@ static int setup_part(part_t *p, PyObject *item, Py_ssize_t m) {
         p->kind = P_PICK;
         return setup_pick(&p->pick, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1), m);
     }
-    if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && PyBytes_Check(PyTuple_GET_ITEM(item, 0))) {
+    if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2
+        && (PyBytes_Check(PyTuple_GET_ITEM(item, 0))
+            || (cfloat != NULL && cfloat->is_block(PyTuple_GET_ITEM(item, 0))))) {
         PyObject *text = PyTuple_GET_ITEM(item, 0), *openings = PyTuple_GET_ITEM(item, 1);
-        p->text = PyBytes_AS_STRING(text);
-        p->len = PyBytes_GET_SIZE(text);
+        if (PyBytes_Check(text)) {
+            p->text = PyBytes_AS_STRING(text);
+            p->len = PyBytes_GET_SIZE(text);
+        } else {
+            p->block = text;                         /* its text: when joined */
+            p->len = cfloat->bound(text);
+        }
         if (openings == Py_None) {
             p->kind = P_FIELDS;
             return 0;
@@ -334,7 +352,7 @@ static int setup_part(part_t *p, PyObject *item, Py_ssize_t m) {
             return setup_pick(&p->pick, PyTuple_GET_ITEM(openings, 0), PyTuple_GET_ITEM(openings, 1), m);
     }
     PyErr_SetString(PyExc_TypeError, "join_rows: a part is a list of m str, a str, an int, (texts, codes), "
-                    "(bytes, openings) or (bytes, None)");
+                    "(bytes or Block, openings) or (bytes or Block, None)");
     return -1;
 }
 
@@ -376,7 +394,8 @@ static Py_ssize_t part_size(const part_t *p, Py_ssize_t m) {
                 longest = p->lens[r] > longest ? p->lens[r] : longest;
         for (Py_ssize_t j = 0; j < p->pick.n; j++)
             longest = p->pick.len[j] > longest ? p->pick.len[j] : longest;
-        return p->len + (numbers + count_commas(p->text, p->len)) * (longest + 12);
+        numbers = p->block != NULL ? cfloat->count(p->block) : numbers + count_commas(p->text, p->len);
+        return p->len + numbers * (longest + 12);
     }
     }
 }
@@ -385,6 +404,11 @@ static Py_ssize_t part_size(const part_t *p, Py_ssize_t m) {
  * so it runs without the GIL. */
 static int copy_rows(const RowsObject *self, out_t *o, Py_ssize_t *pos) {
     Py_ssize_t m = self->m, np_ = self->np;
+    for (Py_ssize_t k = 0; k < np_; k++) {
+        part_t *p = &self->ps[k];
+        if (p->block != NULL && (p->text = cfloat->text(p->block, &p->len)) == NULL)
+            return J_MEMORY;
+    }
     for (Py_ssize_t r = 0; r < m; r++) {
         for (Py_ssize_t k = 0; k < np_; k++) {
             const part_t *p = &self->ps[k];
@@ -476,6 +500,8 @@ static PyObject *Rows_join(RowsObject *self, PyObject *Py_UNUSED(ignored)) {
         Py_DECREF(bytes);
         if (rc == J_BLOCK)
             PyErr_SetString(PyExc_ValueError, "join_rows: a block's text holds fewer rows than m");
+        else if (rc == J_MEMORY)
+            PyErr_NoMemory();
         else
             PyErr_SetString(PyExc_SystemError, "join_rows: the rows outgrew their size");
         return NULL;
@@ -846,6 +872,20 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* _cfloat's functions, or NULL where it was not built (bytes blocks only). Imported by its
+ * full name: PyCapsule_Import reads the package's attributes, which are not set while the
+ * package imports this module. */
+static const probe_cfloat_api *import_cfloat(void) {
+    PyObject *mod = PyImport_ImportModule("probe.compare.xlsx._cfloat");
+    PyObject *capsule = mod == NULL ? NULL : PyObject_GetAttrString(mod, "api");
+    const probe_cfloat_api *api = capsule == NULL ? NULL : PyCapsule_GetPointer(capsule, PROBE_CFLOAT_CAPSULE);
+    Py_XDECREF(capsule);
+    Py_XDECREF(mod);
+    if (api == NULL)
+        PyErr_Clear();
+    return api;
+}
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cjoin", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__cjoin(void) {
@@ -857,6 +897,11 @@ PyMODINIT_FUNC PyInit__cjoin(void) {
     Py_INCREF(&RowsType);
     if (PyModule_AddObject(mod, "Rows", (PyObject *)&RowsType) < 0) {
         Py_DECREF(&RowsType);
+        Py_DECREF(mod);
+        return NULL;
+    }
+    cfloat = import_cfloat();
+    if (PyModule_AddObject(mod, "block_parts", PyBool_FromLong(cfloat != NULL)) < 0) {
         Py_DECREF(mod);
         return NULL;
     }

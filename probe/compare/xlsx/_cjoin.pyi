@@ -18,3 +18,6 @@ def rows(parts: Sequence[_Part], m: int, sep: str, end: str) -> Rows:
 
 def tail_codes(texts: list, heads: list, which: bytes) -> tuple[list, bytes] | None:
     """``codes`` of each text's tail after its head (``which``: int32 indices into ``heads``), or None."""
+
+block_parts: bool
+"""Whether ``_cfloat`` was there when this was imported: parts may then hold a ``_cfloat.Block``."""

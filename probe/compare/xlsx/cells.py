@@ -13,7 +13,8 @@ from operator import getitem
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
-import orjson
+
+from . import float_text
 
 _ILLEGAL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 _ILLEGAL_BUT_NUL = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f]")   # NUL separates joined cells
@@ -141,7 +142,7 @@ def cell_body(value) -> str:
             return _EMPTY
         if value in (_INF, _NINF):
             return text_body("inf" if value > 0 else "-inf")
-        return _NUM % orjson.dumps(value).decode()
+        return _NUM % float_text.text(value)
     if value is None:
         return _EMPTY
     if t is bool:
@@ -220,15 +221,11 @@ _NO_STYLE = object()           # rows of several styles
 
 
 def float_texts(col) -> list:
-    """The shortest texts that read back as each float (``1e-5``, ``0.1``), by orjson's
-    ryu: ~15x faster than ``repr``, which was half the writing of the 100k-entry compare
+    """The shortest texts that read back as each float (``1e-5``, ``0.1``; ``float_text``):
+    ~15x faster than ``repr``, which was half the writing of the 100k-entry compare
     (bench/compare.py). None, NaN and infinities come out as "null". ``col``: a list, or
     a 1-d float64 array (the same texts)."""
-    if isinstance(col, np.ndarray):
-        if not len(col):
-            return []
-        return orjson.dumps(col, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].decode().split(",")
-    return orjson.dumps(col)[1:-1].decode().split(",")
+    return float_text.texts(col)
 
 
 def csv_numbers(values: list) -> list:
@@ -420,7 +417,7 @@ def csv_field(value) -> str:
     """What csv.writer (minimal quoting) writes for one value, a finite float as its cell
     has it (``float_texts``)."""
     if type(value) is float and value - value == 0:
-        return orjson.dumps(value).decode()
+        return float_text.text(value)
     if value is None:
         text = ""
     elif isinstance(value, (int, float, np.number, np.bool_)):   # inf, nan: numbers, not formulas
@@ -449,12 +446,14 @@ def _float_runs(columns: list, prefixes: list) -> dict:
 
 
 def _block_texts(part: tuple, m: int) -> list:
-    """Per row, what ``join_rows`` writes for a block of numbers (``part``: orjson's text
-    of the m x k block, and the cells' openings or None for CSV fields): its commas become
-    the XML between cells by ``str.replace``, one opening at a time."""
+    """Per row, what ``join_rows`` writes for a block of numbers (``part``: the m x k
+    block's text, as ``float_text.block`` gives it (bytes, or a ``Block`` of it), and the
+    cells' openings or None for CSV fields): its commas become the XML between cells by
+    ``str.replace``, one opening at a time."""
     if not m:
         return []
-    text, openings = part[0].decode()[2:-2], part[1]          # "a,b],[c,d"
+    raw = part[0] if type(part[0]) is bytes else part[0].text()
+    text, openings = raw.decode()[2:-2], part[1]             # "a,b],[c,d"
     if type(openings) is tuple:                               # picked per row
         openings = _picked(openings, m)
     if openings is None:
@@ -495,7 +494,7 @@ def join_rows_py(parts: Sequence, m: int, sep: str, end: str) -> bytes:
     after), UTF-8: the C extension ``_cjoin.join_rows``'s reference, where it was not
     built. A part: a list of the rows' texts, one text for every row, an int (row r
     writes int + r), texts picked per row by codes (``(texts, codes)``, see ``_picked``),
-    or a block of numbers (``(orjson bytes, openings)``, see ``_block_texts``)."""
+    or a block of numbers (``(bytes or Block, openings)``, see ``_block_texts``)."""
     seqs = [repeat(p, m) if type(p) is str else map(str, range(p, p + m)) if type(p) is int
             else _picked(p, m) if type(p) is tuple and type(p[0]) is list
             else _block_texts(p, m) if type(p) is tuple else p
@@ -608,8 +607,8 @@ def row_parts(columns: list, styles: list | None, lo: int, prefixes: list, share
     "</row>".  A column of finite floats gives just the numbers' texts, its "><v>" and
     "</v></c>" going with the prefixes around them, and so does a column of plain texts
     (``_plain_texts``); a column of one value goes whole into the (per row style) text
-    before the next column; a run of float-array columns is one block of numbers that orjson
-    formats at once.  ``prefixes``: per column, row style -> the cell's opening;
+    before the next column; a run of float-array columns is one block of numbers
+    (``float_text.block``: its text made by the join, on the writer thread).  ``prefixes``: per column, row style -> the cell's opening;
     ``heights``: per row, a height in points or None (the default height); ``coded``:
     per column of the sheet, its ``Coded`` form (``coded_column``) or None, its rows
     joined by code.  Where the rows' styles differ, the texts that depend on the style
@@ -638,7 +637,7 @@ def row_parts(columns: list, styles: list | None, lo: int, prefixes: list, share
         chunk, table, pre = columns[j], shared[j], prefixes[j]
         if j in runs:
             stop = runs[j]
-            block = orjson.dumps(np.stack(columns[j:stop], axis=1), option=orjson.OPT_SERIALIZE_NUMPY)
+            block = float_text.block(np.stack(columns[j:stop], axis=1))
             if any(pending.values()) or lead:
                 xml_parts.append(per_row({style: t + lead for style, t in pending.items()}))
             xml_parts.append((block, per_row(pre)))

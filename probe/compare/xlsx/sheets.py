@@ -378,12 +378,12 @@ def _sheet_xml(fh, sheet: Sheet, sst: SharedStrings | None, progress, csv_fh: _W
             xml, text = prepared_rows(list(map(_without_surrogates, columns)), styles, lo, prefixes,
                                       shared, csv_fh is not None, heights)
             replaced = True
+        if csv_fh:                          # first: its thread makes the numbers' text (the rows share
+            csv_fh.write_rows(text)         # it), which the sheet's, also CRC and deflate feeder, then has
         if hasattr(fh, "write_rows"):       # a writer thread: it joins them
             fh.write_rows(xml)
         else:
             fh.write(xml.join())
-        if csv_fh:
-            csv_fh.write_rows(text)
         if progress is not None:
             progress(hi - lo)
     tail = ["</sheetData>"]
