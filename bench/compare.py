@@ -402,14 +402,17 @@ def time_pair(label, a, b, tmp, before=None, before_label=None):
     mb = (os.path.getsize(a) + os.path.getsize(b)) / 1e6
     # twice: on a shared machine one run can take half as long again as the other;
     # the best shows the code, the spread shows the machine (as timeit reports)
-    parse = min(orjson_parse_s(a, b) for _ in range(2))
     trees = [(f"probe {before_label}", before), ("probe", None)] if before is not None else [("probe", None)]
     outs = [os.path.join(tmp, f"o_{abs(hash((label, name)))}") for name, _ in trees]
-    # the trees' runs alternate (before, this, before, this): the machine's load drifts
+    # the runs alternate (parse, before, this, parse, before, this): the machine's speed
+    # drifts over minutes, and a parse timed apart from the compares moved their ratio by a third
     runs_of: dict = {name: [] for name, _ in trees}
+    parses = []
     for k in range(2):
+        parses.append(orjson_parse_s(a, b))
         for (name, tree), out in zip(trees, outs):
             runs_of[name].append(probe_compare(a, b, f"{out}_{k}", tree))
+    parse = min(parses)
     for (name, tree), out in zip(trees, outs):
         runs = runs_of[name]
         ours = (min(r[0] for r in runs), max(r[1] for r in runs))

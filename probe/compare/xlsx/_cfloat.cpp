@@ -9,20 +9,25 @@
  *
  * Why here and not orjson: the 100k-entry compare writes 7M numbers, ~0.6 s of orjson
  * holding the GIL on the main thread (bench/compare.py). A Block's text is made by the
- * writer thread that first joins its rows (_cjoin), while the main thread encodes the
- * next chunk.
+ * writer threads that join its rows (_cjoin: the sheet's and the CSV's, each taking a share;
+ * one making it all while the other waited held up the sheet's writer, 0.5 s of waits)
+ * while the main thread encodes the next chunk.
  *
  * text(x) -> str           one float's text ("null" for NaN and infinities)
  * texts(values) -> list    each value's text: a list of floats, ints and None ("null"),
  *                          or a 1-d float64 array; TypeError for any other value
- * Block(array)             a float64 m x k array (C order) whose text ("[[a,b],[c,d]]")
- *                          is made on first use; .text() -> bytes
+ * Block(array)             a float64 m x k array (C order) whose rows' texts are made on
+ *                          first use, shared among the threads that ask for them together
+ *                          (_cfloat.h); .text() -> bytes, "[[a,b],[c,d]]"
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -195,58 +200,61 @@ fail:
     return nullptr;
 }
 
-/* Block: see the top of the file and _cfloat.h. */
+/* Block: see the top of the file and _cfloat.h. Row r's text is written at r * row_cap
+ * (a row's numbers take at most that), its length in lens[r]. */
+constexpr Py_ssize_t SHARE_ROWS = 256;   /* rows a thread takes at a time: 16 shares a chunk */
+
+struct Shares {                 /* how the threads that make a block's text share it */
+    std::atomic<Py_ssize_t> next{0}, done{0};
+    std::mutex lock;
+    std::condition_variable all_done;
+};
+
 struct Block {
     PyObject_HEAD
     Py_buffer view;
-    Py_ssize_t m, k, bound, len;
-    char *text;                 /* bound bytes, allocated by the thread that made the block */
-    bool made;
-    std::mutex *lock;
+    Py_ssize_t m, k, row_cap;
+    char *text;                 /* m * row_cap bytes, allocated by the thread that made the block */
+    Py_ssize_t *lens;
+    Shares *shares;
 };
 
 PyTypeObject *block_type;
 
-/* "[[" rows joined by "],[" "]]", a row's numbers joined by ",": each at most MAX_TEXT. */
-Py_ssize_t block_bound(Py_ssize_t m, Py_ssize_t k) {
-    return 4 + m * (k * (MAX_TEXT + 1) + 3);
+Py_ssize_t row_text(const Block *b, Py_ssize_t r) {
+    const double *v = (const double *)b->view.buf + r * b->k;
+    char *start = b->text + r * b->row_cap, *o = start;
+    for (Py_ssize_t j = 0; j < b->k; j++) {
+        if (j)
+            *o++ = ',';
+        o += number_text(v[j], o);
+    }
+    return o - start;
 }
 
-void block_make(Block *b) {
-    const double *v = (const double *)b->view.buf;
-    char *o = b->text;
-    if (b->m == 0) {
-        std::memcpy(o, "[]", 2);
-        b->len = 2;
-        return;
-    }
-    *o++ = '[';
-    for (Py_ssize_t r = 0; r < b->m; r++) {
-        *o++ = r ? ',' : '[';
-        if (r)
-            *o++ = '[';
-        for (Py_ssize_t j = 0; j < b->k; j++) {
-            if (j)
-                *o++ = ',';
-            o += number_text(v[r * b->k + j], o);
-        }
-        *o++ = ']';
-    }
-    *o++ = ']';
-    b->len = o - b->text;
-}
-
-const char *block_text(PyObject *obj, Py_ssize_t *len) {
+void block_make(PyObject *obj) {
     Block *b = (Block *)obj;
-    {
-        std::lock_guard<std::mutex> guard(*b->lock);
-        if (!b->made) {
-            block_make(b);
-            b->made = true;
+    Shares *s = b->shares;
+    Py_ssize_t total = (b->m + SHARE_ROWS - 1) / SHARE_ROWS;
+    if (s->done.load(std::memory_order_acquire) == total)
+        return;
+    for (Py_ssize_t c; (c = s->next.fetch_add(1)) < total;) {
+        Py_ssize_t hi = std::min(b->m, (c + 1) * SHARE_ROWS);
+        for (Py_ssize_t r = c * SHARE_ROWS; r < hi; r++)
+            b->lens[r] = row_text(b, r);
+        if (s->done.fetch_add(1, std::memory_order_acq_rel) + 1 == total) {
+            std::lock_guard<std::mutex> guard(s->lock);
+            s->all_done.notify_all();
         }
     }
-    *len = b->len;
-    return b->text;
+    std::unique_lock<std::mutex> guard(s->lock);
+    s->all_done.wait(guard, [&] { return s->done.load(std::memory_order_acquire) == total; });
+}
+
+const char *block_row(PyObject *obj, Py_ssize_t r, Py_ssize_t *len) {
+    Block *b = (Block *)obj;
+    *len = b->lens[r];
+    return b->text + r * b->row_cap;
 }
 
 PyObject *Block_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -258,8 +266,8 @@ PyObject *Block_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (b == nullptr)
         return nullptr;
     b->text = nullptr;
-    b->lock = nullptr;
-    b->made = false;
+    b->lens = nullptr;
+    b->shares = nullptr;
     if (PyObject_GetBuffer(array, &b->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         b->view.obj = nullptr;
         Py_DECREF(b);
@@ -272,10 +280,12 @@ PyObject *Block_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     }
     b->m = b->view.shape[0];
     b->k = b->view.shape[1];
-    b->bound = block_bound(b->m, b->k);
-    b->lock = new (std::nothrow) std::mutex();
-    b->text = (char *)PyMem_RawMalloc((size_t)b->bound);
-    if (b->lock == nullptr || b->text == nullptr) {
+    b->row_cap = b->k * (MAX_TEXT + 1);
+    b->shares = new (std::nothrow) Shares();
+    /* made here, by the encoding thread: see _cjoin's rows() on writer threads' heaps */
+    b->text = (char *)PyMem_RawMalloc((size_t)(b->m * b->row_cap + 1));
+    b->lens = (Py_ssize_t *)PyMem_RawMalloc((size_t)(b->m + 1) * sizeof(Py_ssize_t));
+    if (b->shares == nullptr || b->text == nullptr || b->lens == nullptr) {
         Py_DECREF(b);
         return PyErr_NoMemory();
     }
@@ -287,19 +297,38 @@ void Block_dealloc(PyObject *obj) {
     if (b->view.obj != nullptr)
         PyBuffer_Release(&b->view);
     PyMem_RawFree(b->text);
-    delete b->lock;
+    PyMem_RawFree(b->lens);
+    delete b->shares;
     PyTypeObject *type = Py_TYPE(obj);
     type->tp_free(obj);
     Py_DECREF(type);
 }
 
 PyObject *Block_text(PyObject *obj, PyObject *) {
-    Py_ssize_t len;
-    const char *t;
+    Block *b = (Block *)obj;
     Py_BEGIN_ALLOW_THREADS
-    t = block_text(obj, &len);
+    block_make(obj);
     Py_END_ALLOW_THREADS
-    return PyBytes_FromStringAndSize(t, len);
+    if (b->m == 0)
+        return PyBytes_FromStringAndSize("[]", 2);
+    Py_ssize_t size = 2 + 3 * b->m;                    /* "[" "]", and "[" "]" "," a row */
+    for (Py_ssize_t r = 0; r < b->m; r++)
+        size += b->lens[r];
+    PyObject *out = PyBytes_FromStringAndSize(nullptr, size - 1);
+    if (out == nullptr)
+        return nullptr;
+    char *o = PyBytes_AS_STRING(out);
+    *o++ = '[';
+    for (Py_ssize_t r = 0; r < b->m; r++) {
+        if (r)
+            *o++ = ',';
+        *o++ = '[';
+        std::memcpy(o, b->text + r * b->row_cap, (size_t)b->lens[r]);
+        o += b->lens[r];
+        *o++ = ']';
+    }
+    *o = ']';
+    return out;
 }
 
 PyMethodDef Block_methods[] = {
@@ -321,9 +350,9 @@ PyType_Spec Block_spec = {"probe.compare.xlsx._cfloat.Block", sizeof(Block), 0, 
 
 int is_block(PyObject *obj) { return Py_TYPE(obj) == block_type; }
 Py_ssize_t count_of(PyObject *obj) { return ((Block *)obj)->m * ((Block *)obj)->k; }
-Py_ssize_t bound_of(PyObject *obj) { return ((Block *)obj)->bound; }
+Py_ssize_t bound_of(PyObject *obj) { return ((Block *)obj)->m * ((Block *)obj)->row_cap; }
 
-probe_cfloat_api api = {is_block, count_of, bound_of, block_text};
+probe_cfloat_api api = {is_block, count_of, bound_of, block_make, block_row};
 
 PyMethodDef methods[] = {
     {"text", text, METH_O, "text(x) -> str: one float's text (\"null\" for NaN and infinities)"},

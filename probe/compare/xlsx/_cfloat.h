@@ -1,6 +1,6 @@
 /* What probe.compare.xlsx._cfloat gives other C extensions (_cjoin) through the capsule
- * "probe.compare.xlsx._cfloat.api": a Block (a float64 m x k array whose text is made on
- * first use, on whichever thread asks first) read without the GIL. */
+ * "probe.compare.xlsx._cfloat.api": a Block (a float64 m x k array whose rows' text is made
+ * on first use, by the threads that ask for it together) read without the GIL. */
 #ifndef PROBE_CFLOAT_H
 #define PROBE_CFLOAT_H
 
@@ -13,13 +13,15 @@ extern "C" {
 typedef struct {
     /* Whether obj is a Block (with the GIL). */
     int (*is_block)(PyObject *obj);
-    /* How many numbers it holds (rows x columns) and the bytes its text takes at most. */
+    /* How many numbers it holds (rows x columns), and the bytes its rows' texts take at most. */
     Py_ssize_t (*count)(PyObject *block);
     Py_ssize_t (*bound)(PyObject *block);
-    /* Its text, "[[a,b],[c,d]]" as orjson wrote a float64 array before 3.11.7 ("null" for
-     * NaN and infinities), made on the first call: callable without the GIL, from any
-     * thread (a second caller waits for the first). The text lives as long as the block. */
-    const char *(*text)(PyObject *block, Py_ssize_t *len);
+    /* Its rows' texts made: without the GIL, from any thread. Threads that call it together
+     * share the work (a few hundred rows at a time) and each returns once all is made. */
+    void (*make)(PyObject *block);
+    /* Row r's text after make: "a,b,c" as orjson wrote a float64 array's row before 3.11.7
+     * ("null" for NaN and infinities); it lives as long as the block. */
+    const char *(*row)(PyObject *block, Py_ssize_t r, Py_ssize_t *len);
 } probe_cfloat_api;
 
 #define PROBE_CFLOAT_CAPSULE "probe.compare.xlsx._cfloat.api"

@@ -26,9 +26,9 @@
  *     (bytes, None)        the same block as CSV fields: row r writes its numbers,
  *                          comma-separated, null as nothing
  *     (Block, openings), (Block, None)
- *                          the same, the block's text made by _cfloat (see _cfloat.h)
- *                          when the rows are joined, by the first of the sheet's and the
- *                          CSV's joins to need it, without the GIL (the module's
+ *                          the same, the block's rows' text made by _cfloat (see
+ *                          _cfloat.h) when the rows are joined, by the sheet's and the
+ *                          CSV's joins together, without the GIL (the module's
  *                          "block_parts" says whether _cfloat was there to take them)
  *   sep: written between the parts of a row; end: after each row. Text is UTF-8.
  *
@@ -70,8 +70,7 @@ typedef struct {
     Py_ssize_t open_len;
     pick_t pick;              /* P_PICK: the texts; P_CELLS: the openings, where picked */
     long long first;          /* P_COUNT: row 0's number */
-    PyObject *block;          /* P_CELLS / P_FIELDS of a Block: text and len set when joined
-                                 (len its bound until then) */
+    PyObject *block;          /* P_CELLS / P_FIELDS of a Block (len: its rows' bytes at most) */
 } part_t;
 
 typedef struct {              /* the result, written in place: sized first, never grown */
@@ -79,7 +78,7 @@ typedef struct {              /* the result, written in place: sized first, neve
     Py_ssize_t len, cap;
 } out_t;
 
-enum { J_OK, J_BLOCK, J_SIZE, J_MEMORY };   /* what a copy without the GIL found */
+enum { J_OK, J_BLOCK, J_SIZE };   /* what a copy without the GIL found */
 
 /* Rows: parts read and checked (their UTF-8 made), to be joined later, on any thread. */
 typedef struct {
@@ -183,36 +182,17 @@ static inline Py_ssize_t number_end(const char *t, Py_ssize_t i, Py_ssize_t n) {
     return i;
 }
 
-/* One row of a block: its numbers as cells (opening given) or as CSV fields; *pos: where
- * the row starts in the block's text, moved past it. */
-static int put_block_row(out_t *o, const part_t *p, Py_ssize_t *pos, const char *open, Py_ssize_t open_len) {
-    const char *t = p->text;
-    Py_ssize_t i = *pos, n = p->len;
-    int opened = 0;                                  /* "[[" before the first row, ",[" between */
-    while (i < n && (t[i] == '[' || t[i] == ',')) {
-        opened = t[i] == '[';
-        i++;
-    }
-    if (i >= n || !opened)
-        return J_BLOCK;
-    if (open == NULL) {                              /* fields: the row's text as it is, but nulls */
-        const char *close = memchr(t + i, ']', (size_t)(n - i));
-        if (close == NULL)
-            return J_BLOCK;
-        Py_ssize_t span = close - (t + i);
-        if (span && memchr(t + i, 'n', (size_t)span) == NULL) {
-            if (put(o, t + i, span) != J_OK)
-                return J_SIZE;
-            *pos = i + span + 1;
-            return J_OK;
-        }
-    }
+/* One row's numbers ("a,b,null": no brackets) as cells (opening given: each number x as
+ * opening + "><v>" + x + "</v></c>", a null as opening + "/>") or as CSV fields (the
+ * text as it is, a null as nothing). */
+static int put_numbers(out_t *o, const char *t, Py_ssize_t n, const char *open, Py_ssize_t open_len) {
+    if (open == NULL && (n == 0 || memchr(t, 'n', (size_t)n) == NULL))
+        return put(o, t, n);
+    Py_ssize_t i = 0;
     int first = 1;
-    while (i < n && t[i] != ']') {
+    while (i < n) {
         Py_ssize_t start = i;
         i = number_end(t, i, n);
-        if (i >= n)
-            return J_BLOCK;
         Py_ssize_t len = i - start;
         int null = len == 4 && memcmp(t + start, "null", 4) == 0;
         if (open != NULL) {
@@ -238,13 +218,34 @@ static int put_block_row(out_t *o, const part_t *p, Py_ssize_t *pos, const char 
                 return J_SIZE;
         }
         first = 0;
-        if (t[i] == ',')
-            i++;
+        i++;                                         /* past the comma */
     }
-    if (i >= n)
-        return J_BLOCK;
-    *pos = i + 1;                                    /* past the row's "]" */
     return J_OK;
+}
+
+/* One row of a block: from a Block, its row r; from a block's text, the row that starts
+ * at *pos (moved past it). */
+static int put_block_row(out_t *o, const part_t *p, Py_ssize_t r, Py_ssize_t *pos, const char *open,
+                         Py_ssize_t open_len) {
+    if (p->block != NULL) {
+        Py_ssize_t len;
+        const char *row = cfloat->row(p->block, r, &len);
+        return put_numbers(o, row, len, open, open_len);
+    }
+    const char *t = p->text;
+    Py_ssize_t i = *pos, n = p->len;
+    int opened = 0;                                  /* "[[" before the first row, ",[" between */
+    while (i < n && (t[i] == '[' || t[i] == ',')) {
+        opened = t[i] == '[';
+        i++;
+    }
+    if (i >= n || !opened)
+        return J_BLOCK;
+    const char *close = memchr(t + i, ']', (size_t)(n - i));
+    if (close == NULL)
+        return J_BLOCK;
+    *pos = close - t + 1;                            /* past the row's "]" */
+    return put_numbers(o, t + i, close - (t + i), open, open_len);
 }
 
 static int setup_pick(pick_t *k, PyObject *texts, PyObject *codes, Py_ssize_t m) {
@@ -404,11 +405,9 @@ static Py_ssize_t part_size(const part_t *p, Py_ssize_t m) {
  * so it runs without the GIL. */
 static int copy_rows(const RowsObject *self, out_t *o, Py_ssize_t *pos) {
     Py_ssize_t m = self->m, np_ = self->np;
-    for (Py_ssize_t k = 0; k < np_; k++) {
-        part_t *p = &self->ps[k];
-        if (p->block != NULL && (p->text = cfloat->text(p->block, &p->len)) == NULL)
-            return J_MEMORY;
-    }
+    for (Py_ssize_t k = 0; k < np_; k++)
+        if (self->ps[k].block != NULL)
+            cfloat->make(self->ps[k].block);
     for (Py_ssize_t r = 0; r < m; r++) {
         for (Py_ssize_t k = 0; k < np_; k++) {
             const part_t *p = &self->ps[k];
@@ -432,16 +431,16 @@ static int copy_rows(const RowsObject *self, out_t *o, Py_ssize_t *pos) {
                 break;
             case P_CELLS:
                 if (p->texts != NULL) {
-                    rc = put_block_row(o, p, &pos[k], p->texts[r], p->lens[r]);
+                    rc = put_block_row(o, p, r, &pos[k], p->texts[r], p->lens[r]);
                 } else if (p->pick.n) {
                     n = code_at(&p->pick, r);
-                    rc = put_block_row(o, p, &pos[k], p->pick.ptr[n], p->pick.len[n]);
+                    rc = put_block_row(o, p, r, &pos[k], p->pick.ptr[n], p->pick.len[n]);
                 } else {
-                    rc = put_block_row(o, p, &pos[k], p->open, p->open_len);
+                    rc = put_block_row(o, p, r, &pos[k], p->open, p->open_len);
                 }
                 break;
             default:
-                rc = put_block_row(o, p, &pos[k], NULL, 0);
+                rc = put_block_row(o, p, r, &pos[k], NULL, 0);
             }
             if (rc != J_OK)
                 return rc;
@@ -500,8 +499,7 @@ static PyObject *Rows_join(RowsObject *self, PyObject *Py_UNUSED(ignored)) {
         Py_DECREF(bytes);
         if (rc == J_BLOCK)
             PyErr_SetString(PyExc_ValueError, "join_rows: a block's text holds fewer rows than m");
-        else if (rc == J_MEMORY)
-            PyErr_NoMemory();
+
         else
             PyErr_SetString(PyExc_SystemError, "join_rows: the rows outgrew their size");
         return NULL;
