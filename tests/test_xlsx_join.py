@@ -154,24 +154,23 @@ def test_the_c_join_refuses_parts_that_do_not_fit():
         c_join([(["a"], b"\0\1")], 2, "", "")
 
 
-@needs_c
 @pytest.mark.parametrize("n_distinct", [0, 1, 3, 256, 257, 70000])
-def test_the_c_codes_are_the_python_codes(n_distinct):
-    """Distinct values in order of first appearance (equal values are one: dict.fromkeys),
-    per value its index in the fewest bytes that hold it, from a list or any iterable; a
-    value in runs of the same object is found without a lookup."""
-    from probe.compare.xlsx._cjoin import codes as c_codes
+def test_codes_take_the_fewest_bytes(n_distinct):
+    """``cells.codes``: distinct values in order of first appearance (equal values are
+    one: dict.fromkeys), per value its index in the fewest bytes that hold it (what
+    join_rows picks texts by), from a list or any iterable."""
     rng = np.random.default_rng(n_distinct)
     texts = [f"value {k}" for k in range(n_distinct)]
     values = [texts[k] for k in rng.integers(0, n_distinct, 3 * n_distinct)] + texts if n_distinct else []
     values += [None, True, None, "value 0", "value 0"[:5] + " 0"]      # an equal text, not the same object
-    assert c_codes(values) == cells.codes_py(values) == c_codes(iter(values)) == cells.codes_py(iter(values))
-    distinct, codes = c_codes(values)
+    distinct, codes = cells.codes(values)
+    assert (distinct, codes) == cells.codes(iter(values))
     assert distinct == list(dict.fromkeys(values))
     width = len(codes) // len(values)
     assert width == (1 if len(distinct) <= 256 else 2 if len(distinct) <= 65536 else 4)
+    assert [distinct[k] for k in np.frombuffer(codes, {1: np.uint8, 2: np.uint16, 4: np.uint32}[width])] == values
     with pytest.raises(TypeError, match="unhashable"):
-        c_codes([[1]])
+        cells.codes([[1]])
 
 
 def _sheet_columns(n):
@@ -223,8 +222,9 @@ def test_coded_columns_give_the_bytes_of_their_cells(monkeypatch):
     header, cols = header + list(extra), cols + list(extra.values())
     sheet = Sheet("rows", header, cols, styles, percent_columns={"pa", "pb"}, wrap_columns={"name"})
     prefixes = sheets._prefixes(sheet)
-    for codes in (cells.codes, cells.codes_py):
-        monkeypatch.setattr(cells, "codes", codes)
+    from probe.compare import codes as value_codes
+    for cflat in (value_codes._cflat, None):            # the compare's codes in C, and in Python
+        monkeypatch.setattr(value_codes, "_cflat", cflat)
         for with_csv in (True, False):
             shared, coded = sheets._column_tables(sheet, cells.SharedStrings(), with_csv)
             assert [h for h, c in zip(header, coded) if c is not None] == [

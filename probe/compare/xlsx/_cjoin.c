@@ -609,88 +609,6 @@ static PyObject *code_bytes(const uint32_t *all, Py_ssize_t n, Py_ssize_t k) {
     return bytes;
 }
 
-/* codes(values) -> (distinct, codes)
- *   values: hashable values (a list, or any iterable, read once). distinct: its values
- *   in order of first appearance (as dict.fromkeys keeps them); codes: per value the
- *   index of it in distinct, as bytes
- *   of 1, 2 or 4 bytes a code (the fewest that hold them; native order), what join_rows
- *   picks texts by. One pass, a dict lookup only where a value is not the object before
- *   it (a column's dtypes and verdicts come in runs of the same object).
- * cells.codes_py is the same function in Python. */
-static PyObject *codes(PyObject *self, PyObject *values) {
-    int is_list = PyList_Check(values);
-    PyObject *it = is_list ? NULL : PyObject_GetIter(values);
-    if (!is_list && it == NULL)
-        return NULL;
-    Py_ssize_t cap = is_list ? PyList_GET_SIZE(values) : 1024, n = 0;
-    PyObject *index = PyDict_New(), *distinct = PyList_New(0), *out = NULL, *last = NULL;
-    uint32_t *all = PyMem_Malloc((size_t)(cap ? cap : 1) * sizeof(uint32_t));
-    if (index == NULL || distinct == NULL || all == NULL) {
-        if (all == NULL)
-            PyErr_NoMemory();
-        goto done;
-    }
-    uint32_t last_code = 0;          /* of last, the value before (held: an __eq__ may drop it) */
-    for (;; n++) {
-        PyObject *v;
-        if (is_list) {
-            if (n >= PyList_GET_SIZE(values))        /* (read as it is now: an __eq__ may change it) */
-                break;
-            v = PyList_GET_ITEM(values, n);
-            Py_INCREF(v);
-        } else if ((v = PyIter_Next(it)) == NULL) {
-            if (PyErr_Occurred())
-                goto done;
-            break;
-        }
-        if (n >= cap) {
-            uint32_t *more = PyMem_Realloc(all, (size_t)(cap *= 2) * sizeof(uint32_t));
-            if (more == NULL) {
-                Py_DECREF(v);
-                PyErr_NoMemory();
-                goto done;
-            }
-            all = more;
-        }
-        if (v == last) {
-            Py_DECREF(v);
-        } else {
-            Py_XSETREF(last, v);
-            PyObject *code = PyDict_GetItemWithError(index, v);
-            if (code == NULL) {
-                if (PyErr_Occurred())
-                    goto done;
-                Py_ssize_t k = PyList_GET_SIZE(distinct);
-                if (k >= (Py_ssize_t)UINT32_MAX) {
-                    PyErr_SetString(PyExc_OverflowError, "codes: too many distinct values");
-                    goto done;
-                }
-                code = PyLong_FromSsize_t(k);
-                int failed = code == NULL || PyDict_SetItem(index, v, code) < 0 || PyList_Append(distinct, v) < 0;
-                Py_XDECREF(code);
-                if (failed)
-                    goto done;
-                last_code = (uint32_t)k;
-            } else {
-                last_code = (uint32_t)PyLong_AsSsize_t(code);
-            }
-        }
-        all[n] = last_code;
-    }
-    PyObject *bytes = code_bytes(all, n, PyList_GET_SIZE(distinct));
-    if (bytes == NULL)
-        goto done;
-    out = PyTuple_Pack(2, distinct, bytes);
-    Py_DECREF(bytes);
-done:
-    Py_XDECREF(it);
-    Py_XDECREF(last);
-    PyMem_Free(all);
-    Py_XDECREF(index);
-    Py_XDECREF(distinct);
-    return out;
-}
-
 typedef struct {                  /* a distinct tail: its characters in a 1-byte text */
     const Py_UCS1 *data;
     Py_ssize_t len;
@@ -865,8 +783,6 @@ static PyMethodDef methods[] = {
      "rows(parts, m, sep, end) -> Rows: the parts checked, to be joined later (Rows.join())"},
     {"tail_codes", tail_codes, METH_VARARGS,
      "tail_codes(texts, heads, which) -> (distinct, codes) or None: each text's tail after its head, coded"},
-    {"codes", codes, METH_O,
-     "codes(values) -> (distinct, codes): the distinct values in order, per value its index as bytes"},
     {NULL, NULL, 0, NULL},
 };
 

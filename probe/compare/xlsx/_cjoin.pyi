@@ -1,13 +1,10 @@
 """Type stub of the C extension ``_cjoin.c`` (the rows of a sheet or CSV in one pass)."""
-from typing import Iterable, Sequence, Union
+from typing import Sequence, Union
 
 _Part = Union[list, str, int, tuple]
 
 def join_rows(parts: Sequence[_Part], m: int, sep: str, end: str) -> bytes:
     """``m`` rows, each its parts' texts in order (``sep`` between, ``end`` after), UTF-8."""
-
-def codes(values: Iterable) -> tuple[list, bytes]:
-    """(the distinct values in order of first appearance, per value its index: 1, 2 or 4 bytes each)."""
 
 class Rows:
     """Rows checked and ready to join (on any thread: ``join`` releases the GIL)."""

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..codes import codes as value_codes
 from . import float_text
 
 _ILLEGAL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
@@ -508,18 +509,19 @@ def _code_type(n_distinct: int):
     return np.uint8 if n_distinct <= 1 << 8 else np.uint16 if n_distinct <= 1 << 16 else np.uint32
 
 
-def codes_py(values: Iterable) -> tuple[list, bytes]:
-    """(``values``' distinct values in order of first appearance, per value the index of
-    it as bytes, 1, 2 or 4 bytes a code as needed, native order): the C extension
-    ``_cjoin.codes``'s reference, where it was not built. ``values``: a list, or any
-    iterable (read once)."""
-    if type(values) is not list:
-        index: dict = {}
-        ids = np.fromiter((index.setdefault(v, len(index)) for v in values), np.uint32)
-        return list(index), ids.astype(_code_type(len(index))).tobytes()
-    distinct = list(dict.fromkeys(values))
-    index = dict(zip(distinct, range(len(distinct))))
-    return distinct, np.fromiter(map(index.__getitem__, values), _code_type(len(distinct)), len(values)).tobytes()
+def code_array(values: Iterable) -> tuple[list, np.ndarray]:
+    """(the distinct values in order of first appearance, per value its index in the
+    narrowest unsigned integer array): the compare's ``codes`` (in C where built),
+    narrowed. ``values``: a list, or any iterable (read once)."""
+    distinct, ids = value_codes(values if type(values) is list else list(values))
+    return distinct, ids.astype(_code_type(len(distinct)))
+
+
+def codes(values: Iterable) -> tuple[list, bytes]:
+    """``code_array``'s codes as bytes, 1, 2 or 4 a code (native order): what
+    ``join_rows`` picks texts by."""
+    distinct, ids = code_array(values)
+    return distinct, ids.tobytes()
 
 
 def tail_codes_py(texts: list, heads: list, which: bytes) -> tuple[list, bytes] | None:
@@ -547,10 +549,10 @@ class Joined:
 
 _c_rows: Callable | None
 try:
-    from ._cjoin import codes, join_rows, tail_codes
+    from ._cjoin import join_rows, tail_codes
     from ._cjoin import rows as _c_rows
 except ImportError:        # built without a C compiler: the same bytes, about twice the time
-    join_rows, codes, tail_codes, _c_rows = join_rows_py, codes_py, tail_codes_py, None
+    join_rows, tail_codes, _c_rows = join_rows_py, tail_codes_py, None
 _c_join_rows = join_rows
 
 
@@ -564,13 +566,6 @@ def prepare_rows(parts: Sequence, m: int, sep: str, end: str):
     if _c_rows is not None and join_rows is _c_join_rows:
         return _c_rows(parts, m, sep, end)
     return Joined(join_rows(parts, m, sep, end))
-
-
-def code_array(values: Iterable) -> tuple[list, np.ndarray]:
-    """(the distinct values in order of first appearance, per value its index in the
-    narrowest unsigned integer array): ``codes`` (one pass, in C where built)."""
-    distinct, raw = codes(values)
-    return distinct, np.frombuffer(raw, _code_type(len(distinct)))
 
 
 def tail_code_array(texts: list, heads: list, which: np.ndarray) -> tuple[list, np.ndarray] | None:
