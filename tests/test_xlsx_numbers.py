@@ -11,6 +11,7 @@
 """
 import math
 import threading
+import zipfile
 
 import numpy as np
 import pytest
@@ -128,3 +129,36 @@ def test_join_takes_blocks_and_makes_their_text_once_for_both_files():
         assert out["xml"] == cells.join_rows_py(['<row r="', 2, '">', (text, opening), "</row>"], m, "", "")
         assert out["csv"] == cells.join_rows_py(["x", (text, None)], m, ",", "\r\n")
         assert out["csv"] == cells.join_rows_py(["x", (block, None)], m, ",", "\r\n")   # the Python join reads it too
+
+
+def _written(tmp_path, name, columns, styles):
+    from probe.compare.xlsx import Sheet, write_workbook
+
+    header = [f"c{k}" for k in range(len(columns))]
+    path, csv_path = str(tmp_path / f"{name}.xlsx"), str(tmp_path / f"{name}.csv")
+    write_workbook(path, [Sheet("rows", header, columns, styles, csv_path=csv_path)])
+    with zipfile.ZipFile(path) as z:
+        return z.read("xl/worksheets/sheet1.xml"), open(csv_path, "rb").read()
+
+
+def test_the_workbook_and_csv_numbers_are_the_same_without_the_extension(tmp_path, monkeypatch):
+    """A sheet of the compare's number columns (runs of float arrays, several chunks, NaN,
+    -0.0, every exponent's layout, a float list with None) written with ``_cfloat`` and
+    with the Python texts: the same sheet XML and CSV, each number reading back as itself."""
+    m = 9000                                           # past two chunks (sheets.CHUNK_ROWS)
+    a = _array(3, m, 5)
+    floats = [None if k % 11 == 0 else float(a[k, 1]) for k in range(m)]
+    names = [f"Functional.linear.{k}.forward" for k in range(m)]
+    columns = [names, *(np.ascontiguousarray(a[:, j]) for j in range(5)), floats]
+    styles = [("error", "warning", None)[k % 3] for k in range(m)]
+    built = _written(tmp_path, "c", columns, styles)
+    monkeypatch.setattr(float_text, "Block", None)
+    monkeypatch.setattr(float_text, "text", float_text.text_py)
+    monkeypatch.setattr(float_text, "texts", float_text.texts_py)
+    assert _written(tmp_path, "py", columns, styles) == built
+    rows = [line.split(",") for line in built[1].decode().splitlines()[1:]]
+    for k in range(0, m, 97):
+        for j in range(5):
+            field, v = rows[k][1 + j], a[k, j]
+            assert field == ("" if v != v else float_text.text_py(float(v)))
+            assert v != v or float(field) == v
