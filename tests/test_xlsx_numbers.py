@@ -103,6 +103,21 @@ def test_block_text_is_the_reference_text():
         _cfloat.Block(np.zeros((2, 2), np.float32))
     with pytest.raises(ValueError):                        # C order only: its rows are read in place
         _cfloat.Block(np.zeros((3, 2)).T)
+    a = _array(11, 40, 3)                                  # an unaligned buffer is read as well
+    raw = bytearray(a.nbytes + 1)
+    unaligned = np.frombuffer(raw, np.float64, a.size, offset=1).reshape(a.shape)
+    unaligned[:] = a
+    assert not unaligned.flags.aligned
+    assert _cfloat.Block(unaligned).text() == float_text.block_text_py(a)
+
+
+@needs_c
+def test_join_refuses_a_block_of_fewer_rows():
+    block = _cfloat.Block(np.ones((2, 3)))
+    for parts in ([(block, None)], [(block, '<c s="1"')]):
+        with pytest.raises(ValueError, match="a block holds 2 rows for 4 rows"):
+            _cjoin.join_rows(parts, 4, ",", "|")
+    assert _cjoin.join_rows([(block, None)], 2, ",", "|") == b"1.0,1.0,1.0|1.0,1.0,1.0|"
 
 
 def _join_into(out: dict, key: str, rows) -> None:
@@ -162,3 +177,15 @@ def test_the_workbook_and_csv_numbers_are_the_same_without_the_extension(tmp_pat
             field, v = rows[k][1 + j], a[k, j]
             assert field == ("" if v != v else float_text.text_py(float(v)))
             assert v != v or float(field) == v
+
+
+def test_a_join_that_cannot_read_blocks_gets_their_text(tmp_path, monkeypatch):
+    """Where the C join was built without ``_cfloat`` there (``_cjoin.block_parts`` false),
+    a run of float columns goes to it as text: the same sheet and CSV."""
+    m = 5000
+    a = _array(5, m, 4)
+    columns = [[f"n{k}" for k in range(m)], *(np.ascontiguousarray(a[:, j]) for j in range(4))]
+    styles = [("error", None)[k % 2] for k in range(m)]
+    built = _written(tmp_path, "blocks", columns, styles)
+    monkeypatch.setattr(cells, "_c_block_parts", False)
+    assert _written(tmp_path, "texts", columns, styles) == built

@@ -222,12 +222,14 @@ struct Block {
 PyTypeObject *block_type;
 
 Py_ssize_t row_text(const Block *b, Py_ssize_t r) {
-    const double *v = (const double *)b->view.buf + r * b->k;
+    const char *v = (const char *)b->view.buf + r * b->k * 8;
     char *start = b->text + r * b->row_cap, *o = start;
     for (Py_ssize_t j = 0; j < b->k; j++) {
+        double x;
+        std::memcpy(&x, v + 8 * j, 8);           /* (a buffer need not be aligned) */
         if (j)
             *o++ = ',';
-        o += number_text(v[j], o);
+        o += number_text(x, o);
     }
     return o - start;
 }
@@ -349,10 +351,11 @@ PyType_Spec Block_spec = {"probe.compare.xlsx._cfloat.Block", sizeof(Block), 0, 
                           Block_slots};
 
 int is_block(PyObject *obj) { return Py_TYPE(obj) == block_type; }
+Py_ssize_t rows_of(PyObject *obj) { return ((Block *)obj)->m; }
 Py_ssize_t count_of(PyObject *obj) { return ((Block *)obj)->m * ((Block *)obj)->k; }
 Py_ssize_t bound_of(PyObject *obj) { return ((Block *)obj)->m * ((Block *)obj)->row_cap; }
 
-probe_cfloat_api api = {is_block, count_of, bound_of, block_make, block_row};
+probe_cfloat_api api = {is_block, rows_of, count_of, bound_of, block_make, block_row};
 
 PyMethodDef methods[] = {
     {"text", text, METH_O, "text(x) -> str: one float's text (\"null\" for NaN and infinities)"},
@@ -373,6 +376,7 @@ PyMODINIT_FUNC PyInit__cfloat(void) {
     PyObject *capsule = PyCapsule_New(&api, PROBE_CFLOAT_CAPSULE, nullptr);
     if (block_type == nullptr || capsule == nullptr
         || PyModule_AddObject(m, "Block", (PyObject *)block_type) < 0) {
+        Py_XDECREF(block_type);
         Py_XDECREF(capsule);
         Py_DECREF(m);
         return nullptr;

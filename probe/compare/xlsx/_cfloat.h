@@ -13,7 +13,9 @@ extern "C" {
 typedef struct {
     /* Whether obj is a Block (with the GIL). */
     int (*is_block)(PyObject *obj);
-    /* How many numbers it holds (rows x columns), and the bytes its rows' texts take at most. */
+    /* How many rows it holds, how many numbers (rows x columns), and the bytes its rows'
+     * texts take at most. */
+    Py_ssize_t (*rows)(PyObject *block);
     Py_ssize_t (*count)(PyObject *block);
     Py_ssize_t (*bound)(PyObject *block);
     /* Its rows' texts made: without the GIL, from any thread. Threads that call it together

@@ -335,6 +335,11 @@ static int setup_part(part_t *p, PyObject *item, Py_ssize_t m) {
             p->text = PyBytes_AS_STRING(text);
             p->len = PyBytes_GET_SIZE(text);
         } else {
+            if (cfloat->rows(text) < m) {            /* (a text with too few rows: J_BLOCK when joined) */
+                PyErr_Format(PyExc_ValueError, "join_rows: a block holds %zd rows for %zd rows",
+                             cfloat->rows(text), m);
+                return -1;
+            }
             p->block = text;                         /* its text: when joined */
             p->len = cfloat->bound(text);
         }

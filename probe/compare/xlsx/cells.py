@@ -549,11 +549,22 @@ class Joined:
 
 _c_rows: Callable | None
 try:
+    from ._cjoin import block_parts as _c_block_parts
     from ._cjoin import join_rows, tail_codes
     from ._cjoin import rows as _c_rows
 except ImportError:        # built without a C compiler: the same bytes, about twice the time
-    join_rows, tail_codes, _c_rows = join_rows_py, tail_codes_py, None
+    join_rows, tail_codes, _c_rows, _c_block_parts = join_rows_py, tail_codes_py, None, False
 _c_join_rows = join_rows
+
+
+def _number_block(array: np.ndarray):
+    """A run of float columns (m x k) as ``join_rows`` takes it: ``float_text.block``, a
+    ``Block`` where the join in use reads one (the C join where ``_cfloat`` was there
+    for it: ``_cjoin.block_parts``; the Python join always), else the text's bytes."""
+    found = float_text.block(array)
+    if _c_block_parts or join_rows is not _c_join_rows or type(found) is bytes:
+        return found
+    return found.text()
 
 
 def prepare_rows(parts: Sequence, m: int, sep: str, end: str):
@@ -632,7 +643,7 @@ def row_parts(columns: list, styles: list | None, lo: int, prefixes: list, share
         chunk, table, pre = columns[j], shared[j], prefixes[j]
         if j in runs:
             stop = runs[j]
-            block = float_text.block(np.stack(columns[j:stop], axis=1))
+            block = _number_block(np.stack(columns[j:stop], axis=1))
             if any(pending.values()) or lead:
                 xml_parts.append(per_row({style: t + lead for style, t in pending.items()}))
             xml_parts.append((block, per_row(pre)))
