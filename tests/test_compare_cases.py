@@ -414,3 +414,14 @@ def test_a_one_sided_row_with_a_shape_of_no_numbers_is_listed(tmp_path, shape):
     extra = rows[rows["Bench Name"] == "Functional.linear.0.forward.input.1"]
     assert len(extra) == 1 and extra["NPU Name"].iloc[0] == ""
     assert "no NPU row matched" in extra["Err_message"].iloc[0]
+
+
+def test_equal_messages_are_one_text(tmp_path):
+    """Rows off by the same amount say the same thing; their Err_message is one str object,
+    not one made per row (the 100k-entry pair's 270k messages hold 10k texts: 31 MB)."""
+    entries = {f"Functional.linear.{k}.forward": [X] for k in range(40)}
+    off = {name: [X * np.float32(1.01)] for name in entries}
+    _, r = run(tmp_path, off, entries, task="statistics")
+    messages = [m for m in r.columns["Err_message"] if m]
+    assert len(messages) == 40 and len(set(messages)) == 1 and "statistics off by" in messages[0]
+    assert len(set(map(id, messages))) == 1
