@@ -272,7 +272,7 @@ class Table:
     messages: list = field(default_factory=list)
     kinds: tuple = ((), ())          # per side, each row's kind (None: no row)
     fields: tuple = ({}, {})         # per side, field name -> each row's (rows.fields_of)
-    tol_run: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))     # tol_names as codes
+    tol_run: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))     # per row, its tolerance class's code
     tol_classes: list = field(default_factory=list)     # the names of those codes
     present: tuple = ((), ())        # per side, a bool array: the row is there
     codes: tuple = ()                # per side, its kinds and dtypes as codes (_SideCodes)
@@ -330,18 +330,8 @@ class Table:
         table._requires_grad()
         return table
 
-    @property
-    def stat_idx(self) -> list:
-        """``stat_sel`` as a list."""
-        return self.stat_sel.tolist()
-
-    @property
-    def tol_names(self) -> list:
-        """Per row: the tolerance class it is judged by (None: no float tensor yet)."""
-        return list(map(self.tol_classes.__getitem__, self.tol_run.tolist()))
-
     def tol_name(self, i: int):
-        """``tol_names[i]``, without the list."""
+        """Row ``i``'s tolerance class (None: no float tensor yet)."""
         return self.tol_classes[self.tol_run[i]]
 
     def _requires_grad(self):
@@ -394,14 +384,13 @@ class Table:
         levels, which = codes(self.levels)           # (None and the three levels: coded in C)
         result = _take([level or PASS for level in levels], which)
         message, self.levels, self.messages = self.messages, [], []
-        none = np.fromiter(map(is_, message, repeat(None)), bool, len(message))
-        deque(map(message.__setitem__, np.flatnonzero(none).tolist(), repeat("")), 0)     # (text or "")
         for i, v in self.verdicts.items():
             result[i], message[i] = v.level, v.text()
         # the texts are made row by row, so equal ones are separate objects: one each
         # (the 100k-entry pair's 270k messages hold 10k texts: 31 MB less at the peak)
         texts, which = codes(message)
-        self.cols["Result"], self.cols["Err_message"] = result, _take(texts, which)
+        self.cols["Result"] = result
+        self.cols["Err_message"] = _take(["" if t is None else t for t in texts], which)
 
 
 def _one_sided(t: Table):

@@ -223,8 +223,8 @@ _NO_STYLE = object()           # rows of several styles
 
 def float_texts(col) -> list:
     """The shortest texts that read back as each float (``1e-5``, ``0.1``; ``float_text``):
-    ~15x faster than ``repr``, which was half the writing of the 100k-entry compare
-    (bench/compare.py). None, NaN and infinities come out as "null". ``col``: a list, or
+    ~6x faster than ``repr`` in C++ (a 1M-float array), which was half the writing of the
+    100k-entry compare (bench/compare.py). None, NaN and infinities come out as "null". ``col``: a list, or
     a 1-d float64 array (the same texts)."""
     return float_text.texts(col)
 
@@ -559,12 +559,10 @@ _c_join_rows = join_rows
 
 def _number_block(array: np.ndarray):
     """A run of float columns (m x k) as ``join_rows`` takes it: ``float_text.block``, a
-    ``Block`` where the join in use reads one (the C join where ``_cfloat`` was there
-    for it: ``_cjoin.block_parts``; the Python join always), else the text's bytes."""
+    ``Block`` where the C join reads one (``_cjoin.block_parts``), else the text's bytes
+    (which every join reads)."""
     found = float_text.block(array)
-    if _c_block_parts or join_rows is not _c_join_rows or type(found) is bytes:
-        return found
-    return found.text()
+    return found if _c_block_parts or type(found) is bytes else found.text()
 
 
 def prepare_rows(parts: Sequence, m: int, sep: str, end: str):

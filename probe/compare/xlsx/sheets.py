@@ -378,8 +378,8 @@ def _sheet_xml(fh, sheet: Sheet, sst: SharedStrings | None, progress, csv_fh: _W
             xml, text = prepared_rows(list(map(_without_surrogates, columns)), styles, lo, prefixes,
                                       shared, csv_fh is not None, heights)
             replaced = True
-        if csv_fh:                          # first: its thread makes the numbers' text (the rows share
-            csv_fh.write_rows(text)         # it), which the sheet's, also CRC and deflate feeder, then has
+        if csv_fh:                          # first: the CSV's thread starts on the rows' number texts, which
+            csv_fh.write_rows(text)         # the sheet's writer (also the CRC and the deflate's feeder) shares
         if hasattr(fh, "write_rows"):       # a writer thread: it joins them
             fh.write_rows(xml)
         else:
