@@ -515,24 +515,31 @@ class _RowFacts:
                   for side, rows in (("NPU", A), ("Bench", B)))
         npu_stats, bench_stats = (_stats(result.columns, side, rows, was)
                                   for side, rows, was in (("NPU", A, read[0]), ("Bench", B, read[1])))
-        kind_a, kind_b = fa["kind"], fb["kind"]
-        shape_a, shape_b = fa["shape"], fb["shape"]
-        npu_tensor = np.fromiter(map(operator.eq, kind_a, repeat("tensor")), bool, n)
-        bench_tensor = np.fromiter(map(operator.eq, kind_b, repeat("tensor")), bool, n)
         npu_io = np.fromiter(map(_IO_CODE.get, fa["io"], repeat(0)), np.int8, n)
         bench_io = np.fromiter(map(_IO_CODE.get, fb["io"], repeat(0)), np.int8, n)
-        has_npu = np.fromiter(map(operator.is_not, A, repeat(None)), bool, n)
-        has_bench = np.fromiter(map(operator.is_not, B, repeat(None)), bool, n)
+        coded = result.table_codes if read[0] is A and read[1] is B else None     # the rows the table coded
+        if coded is not None:
+            ca, cb = coded
+            npu_tensor, bench_tensor, has_npu, has_bench = ca.tensor, cb.tensor, ca.present, cb.present
+        else:
+            npu_tensor = np.fromiter(map(operator.eq, fa["kind"], repeat("tensor")), bool, n)
+            bench_tensor = np.fromiter(map(operator.eq, fb["kind"], repeat("tensor")), bool, n)
+            has_npu = np.fromiter(map(operator.is_not, A, repeat(None)), bool, n)
+            has_bench = np.fromiter(map(operator.is_not, B, repeat(None)), bool, n)
         paired = has_npu & has_bench
-        same_shape = paired & np.fromiter(map(operator.eq, shape_a, shape_b), bool, n)
+        shape_a, shape_b = fa["shape"], fb["shape"]
+        same = _same_shapes(coded) if coded is not None else None
+        same_shape = paired & (same if same is not None else
+                               np.fromiter(map(operator.eq, shape_a, shape_b), bool, n))
         taken = paired & bench_tensor
         # paired tensors only: a one-sided row's shape is never multiplied (it may not be numbers)
-        if taken.all():
+        if coded is None and taken.all():
             bench_numel = _numels(shape_b)
         else:
             bench_numel = np.zeros(n, dtype=np.float64)
             counted = np.flatnonzero(taken)
-            bench_numel[counted] = _numels(list(map(shape_b.__getitem__, counted.tolist())))
+            bench_numel[counted] = coded[1].numel(counted) if coded is not None else \
+                _numels(list(map(shape_b.__getitem__, counted.tolist())))
         part = np.where(paired & (npu_io >= _IO_CODE["output"]), _OUT,
                         np.where(paired & (npu_io >= 1), _IN, 0)).astype(np.int8)
         for read in (fa, fb):       # (as arrays now: the lists not held through the diagnosis)
@@ -543,6 +550,20 @@ class _RowFacts:
                    taken & (npu_io == _IO_CODE["output"]) & same_shape, same_shape, npu_stats, bench_stats,
                    np.where(taken, bench_stats[:, 3], np.nan), bench_numel, A, B, has_npu, has_bench,
                    tol_names, tol_code, floor, fa, fb, bench_io, aligns)
+
+
+def _same_shapes(coded: tuple) -> np.ndarray | None:
+    """Per row, whether the two sides' shapes are equal, from the table's codes of them
+    (``SideCodes``: each side's distinct shape objects): the distinct shapes matched by
+    value, not 350k pairs of tuples compared; None where a shape is not hashable."""
+    (a, b) = coded
+    joint: dict = {}
+    try:
+        ja = np.array([joint.setdefault(s, len(joint)) for s in a.shapes] or [0], np.int64)
+        jb = np.array([joint.setdefault(s, len(joint)) for s in b.shapes] or [0], np.int64)
+    except TypeError:               # a malformed (nested) shape: not a key
+        return None
+    return ja[a.shape] == jb[b.shape]
 
 
 def _numels(shapes: list) -> np.ndarray:

@@ -63,6 +63,8 @@ class CompareResult:
     # (NPU rows, bench rows): per table row the Row its columns were read from (Table.A, Table.B),
     # so the diagnosis takes the statistics from the columns where the pairs still hold them
     table_rows: tuple | None = None
+    # (NPU, bench) SideCodes of those rows: their kinds and shapes as the table coded them
+    table_codes: tuple | None = None
 
     @property
     def n_rows(self) -> int:
@@ -232,7 +234,7 @@ def _compare_dumps(npu_json, bench_json, stack_json, stack_mode, fuzzy_match, wo
     if stack_mode:
         _stack_column(table, pairs, stack_json)
     return CompareResult(mode, table.cols, notes, npu, bench, stack_mode, stack_json, pairs, matching,
-                         (table.A, table.B))
+                         (table.A, table.B), table.codes)
 
 
 def _mode_of(npu: Side, bench: Side, notes: list) -> str:
@@ -275,14 +277,14 @@ class Table:
     tol_run: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))     # per row, its tolerance class's code
     tol_classes: list = field(default_factory=list)     # the names of those codes
     present: tuple = ((), ())        # per side, a bool array: the row is there
-    codes: tuple = ()                # per side, its kinds and dtypes as codes (_SideCodes)
+    codes: tuple = ()                # per side, its kinds and dtypes as codes (SideCodes)
 
     @classmethod
     def of(cls, pairs: list, mode: str, stack_mode: bool) -> Table:
         """The descriptive columns of the paired rows (names, dtypes, shapes, statistics),
         each side's fields read from its rows in one C pass (``fields_of``), the shape texts,
         tolerance classes and directions worked out once per distinct value (the kinds and
-        dtypes coded once per side: ``_SideCodes``)."""
+        dtypes coded once per side: ``SideCodes``)."""
         n = len(pairs)
         cols: dict = dict.fromkeys(columns_for(mode, stack_mode))   # in order; filled below
         A, B, match = fields_of(pairs, ("npu", "bench", "align"))
@@ -294,7 +296,7 @@ class Table:
             summaries[side] = np.ascontiguousarray(stats_in(f.pop("store"), f.pop("k")).T)
             cols[f"{side} Name"] = f["name"]
             cols[f"{side} Dtype"] = f["dtype"]
-            c = side_codes[side] = _SideCodes.of(f)
+            c = side_codes[side] = SideCodes.of(f)
             # (a "none" row, and only one, has no shape: rows.py makes it so); the shapes
             # are shared tuples (rows.py): their texts made once per object
             cols[f"{side} Tensor Shape"] = _take([shape_text[v] for v in c.shapes], c.shape)
@@ -686,7 +688,7 @@ def _scatter(n: int, idx: np.ndarray, values: np.ndarray) -> np.ndarray:
     return col
 
 
-def _running_tolerance(side_a: _SideCodes, side_b: _SideCodes) -> tuple:
+def _running_tolerance(side_a: SideCodes, side_b: SideCodes) -> tuple:
     """Per row, the coarsest float class of its tensors and of all tensors before it
     (each side's rank worked out once per distinct dtype): (per row a code, the class
     name of each code; None: no float tensor yet)."""
@@ -705,7 +707,7 @@ _KIND_CODE = {None: 0, "none": 1, "tensor": 2, "value": 3}     # another kind: t
 
 
 @dataclass
-class _SideCodes:
+class SideCodes:
     """One side's kinds and dtypes as codes, each coded once per side: what the presence,
     the tolerance classes and the screen read of every row."""
     kind: np.ndarray         # per row, its kind's _KIND_CODE (0: no row)
@@ -715,7 +717,7 @@ class _SideCodes:
     shapes: list             # the side's distinct shape objects (rows.py shares one per shape)
 
     @classmethod
-    def of(cls, f: dict) -> _SideCodes:
+    def of(cls, f: dict) -> SideCodes:
         kinds, kind = codes(f["kind"])
         lut = np.array([_KIND_CODE.setdefault(k, len(_KIND_CODE)) for k in kinds] or [0], np.int16)
         dtypes, dtype = codes(f["dtype"])
@@ -730,6 +732,11 @@ class _SideCodes:
     def present(self) -> np.ndarray:
         """Per row: the side has it."""
         return self.kind != _KIND_CODE[None]
+
+    @property
+    def tensor(self) -> np.ndarray:
+        """Per row: the side has it and it is a tensor."""
+        return self.kind == _KIND_CODE["tensor"]
 
     @property
     def has_data(self) -> np.ndarray:

@@ -73,12 +73,12 @@ def compare_pair(npu_json: str, bench_json: str, output_path: str, options: Comp
             noise = noise_floor(bench_json, bench2_json, workers=workers, align=matching.align) if bench2_json else None
             stage("diagnosis")
             diag = diagnose(result, noise, replay=analysis.replay, progress=progress)
-            result.table_rows = None     # (the diagnosis's: given back with its temporaries below)
+            result.table_rows = result.table_codes = None    # (the diagnosis's: given back with its temporaries below)
             if merged is not None:
                 merged.after_diagnosis(result, diag)
             mark_rows(result, diag)      # the rows say what the diagnosis found
             give_back_free_heap()        # its temporaries' pages: not under the report's peak
-        result.table_rows = None         # (without a diagnosis too: not held under the report's peak)
+        result.table_rows = result.table_codes = None    # (without a diagnosis too: not held under the report's peak)
         paths = write_report(result, output_path, tag, diag, bench2_json, html=output.html, progress=bar)
     summary = None
     if analysis.auto_analyze:
