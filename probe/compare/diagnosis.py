@@ -554,16 +554,15 @@ class _RowFacts:
 
 def _same_shapes(coded: tuple) -> np.ndarray | None:
     """Per row, whether the two sides' shapes are equal, from the table's codes of them
-    (``SideCodes``: each side's distinct shape objects): the distinct shapes matched by
-    value, not 350k pairs of tuples compared; None where a shape is not hashable."""
-    (a, b) = coded
-    joint: dict = {}
+    (``SideCodes``: each side's distinct shape objects): the distinct shapes of both sides
+    coded together by value, not 350k pairs of tuples compared; None where a shape is not
+    hashable."""
+    a, b = coded
     try:
-        ja = np.array([joint.setdefault(s, len(joint)) for s in a.shapes] or [0], np.int64)
-        jb = np.array([joint.setdefault(s, len(joint)) for s in b.shapes] or [0], np.int64)
+        _, joint = codes(a.shapes + b.shapes)
     except TypeError:               # a malformed (nested) shape: not a key
         return None
-    return ja[a.shape] == jb[b.shape]
+    return joint[:len(a.shapes)][a.shape] == joint[len(a.shapes):][b.shape]
 
 
 def _numels(shapes: list) -> np.ndarray:

@@ -223,8 +223,9 @@ _NO_STYLE = object()           # rows of several styles
 
 def float_texts(col) -> list:
     """The shortest texts that read back as each float (``1e-5``, ``0.1``; ``float_text``,
-    in C++ where built: ``repr`` was half the writing of the 100k-entry compare). None, NaN and infinities come out as "null". ``col``: a list, or
-    a 1-d float64 array (the same texts)."""
+    in C++ where built: ``repr`` was half the writing of the 100k-entry compare). None, NaN
+    and infinities come out as "null". ``col``: a list, or a 1-d float64 array (the same
+    texts)."""
     return float_text.texts(col)
 
 
