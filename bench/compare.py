@@ -1,7 +1,7 @@
 """Compare-engine speed, printed side by side with msprobe when it is installed.
 
     python bench/compare.py [--msprobe /opt/msvenv/bin/msprobe] [--skip-100k] [--skip-tensor]
-                            [--pair DIR] [--pair-only]
+                            [--pair DIR] [--pair-only] [--repeat K]
 
 1. the fixtures' mix-level statistics pair (tiny_model, step0 vs step1), end to end in a
    fresh process (target 0.5 s; msprobe ~3.2 s);
@@ -67,12 +67,15 @@ def _pss_mb(pid: int) -> float:
     return 0.0
 
 
-def timed(cmd, env=None, capture=False, cwd=None):
+def timed(cmd, env=None, capture=False, cwd=None, sample=True):
     """Wall time and peak memory (MB) of a child process and its helper processes.
 
     Memory is the peak over 0.1 s samples of the summed PSS of the process tree (pages
     shared copy-on-write counted once): a single process's max RSS misses what helper
     processes hold.  Where /proc has no smaps_rollup, the child's own max RSS instead.
+    The sampling costs the child time: a read of smaps_rollup walks its page tables (~10 ms
+    a read of a 500 MB compare, on a core the child would use, its memory map locked
+    meanwhile), so ``sample=False`` times a run alone (peak None).
     """
     import resource
     import threading
@@ -87,24 +90,28 @@ def timed(cmd, env=None, capture=False, cwd=None):
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    if sample:
+        sampler.start()
     out, err = proc.communicate()
     wall = time.perf_counter() - t
-    sampler.join()
+    if sample:
+        sampler.join()
     if proc.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-1500:]}")
-    if not peak[0]:
+    if not sample:
+        peak[0] = None
+    elif not peak[0]:
         peak[0] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     if capture:
         return wall, peak[0], out
     return wall, peak[0]
 
 
-def probe_compare(npu, bench, out, tree=None):
+def probe_compare(npu, bench, out, tree=None, sample=True):
     """``tree``: another checkout of probe (``--before``) run instead of this one."""
     env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
     return timed([sys.executable, "-m", "probe", "compare", "--npu", npu, "--bench", bench, "-o", out],
-                  env=env, cwd=tree)
+                  env=env, cwd=tree, sample=sample)
 
 
 _ORJSON_PARSE = """
@@ -118,7 +125,7 @@ print(time.perf_counter() - t)
 def orjson_parse_s(*paths) -> float:
     """Seconds orjson takes to parse ``paths`` into dicts in a fresh process, as a plain
     script does it (the garbage collector on): the yardstick of issue #35's target."""
-    return float(timed([sys.executable, "-c", _ORJSON_PARSE, *paths], capture=True)[2])
+    return float(timed([sys.executable, "-c", _ORJSON_PARSE, *paths], capture=True, sample=False)[2])
 
 
 def checkout(rev: str, tmp: str) -> str:
@@ -131,7 +138,17 @@ def checkout(rev: str, tmp: str) -> str:
     subprocess.run(["tar", "-x", "-C", dest], input=data, check=True)
     subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=dest,
                    capture_output=True)      # optional, as in an install: Python paths where it fails
+    compiled(dest)
     return dest
+
+
+def compiled(tree: str) -> None:
+    """The bytecode of ``tree``'s package written, as ``pip install`` writes it: where
+    PYTHONDONTWRITEBYTECODE is set (this machine's environment sets it) each timed run
+    would compile every module it imports again, ~0.15 s of the 100k-entry compare's
+    ~7 s that an installed probe does not pay."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(tree, "probe")],
+                   check=True, capture_output=True)
 
 
 _STAMP = re.compile(rb"20\d{12}")     # output_stem's timestamp, in file names and in the page
@@ -394,33 +411,40 @@ def page_ready_s(html: str):
         d.quit()
 
 
-def time_pair(label, a, b, tmp, before=None, before_label=None):
-    """``probe compare`` of dump.json files ``a`` and ``b`` end to end (best wall and
-    highest peak of two runs), against orjson parsing the same two files in a fresh
-    process (best of two); with ``before``, that checkout's compare in the same run.
-    Returns this tree's first output folder and its (wall, peak)."""
+def time_pair(label, a, b, tmp, before=None, before_label=None, repeat=2):
+    """``probe compare`` of dump.json files ``a`` and ``b`` end to end (best wall of
+    ``repeat`` runs, timed alone, and the peak of one more run, sampled), against orjson
+    parsing the same two files in a fresh process (best of ``repeat``); with ``before``,
+    that checkout's compare in the same run.  Returns this tree's first output folder and
+    its (wall, peak)."""
     mb = (os.path.getsize(a) + os.path.getsize(b)) / 1e6
-    # twice: on a shared machine one run can take half as long again as the other;
-    # the best shows the code, the spread shows the machine (as timeit reports)
+    # several times: on a shared machine one run can take half as long again as the
+    # other; the best shows the code, the spread shows the machine (as timeit reports),
+    # and each round's compare over that round's parse shows the ratio as the machine moves
     trees = [(f"probe {before_label}", before), ("probe", None)] if before is not None else [("probe", None)]
     outs = [os.path.join(tmp, f"o_{abs(hash((label, name)))}") for name, _ in trees]
     # the runs alternate (parse, before, this, parse, before, this): the machine's speed
     # drifts over minutes, and a parse timed apart from the compares moved their ratio by a third
     runs_of: dict = {name: [] for name, _ in trees}
     parses = []
-    for k in range(2):
+    for k in range(repeat):
         parses.append(orjson_parse_s(a, b))
         for (name, tree), out in zip(trees, outs):
-            runs_of[name].append(probe_compare(a, b, f"{out}_{k}", tree))
+            runs_of[name].append(probe_compare(a, b, f"{out}_{k}", tree, sample=False)[0])
+    peaks = {name: probe_compare(a, b, f"{out}_peak", tree)[1] for (name, tree), out in zip(trees, outs)}
     parse = min(parses)
     for (name, tree), out in zip(trees, outs):
         runs = runs_of[name]
-        ours = (min(r[0] for r in runs), max(r[1] for r in runs))
+        ours = (min(runs), peaks[name])
         row(f"{label} ({mb:.0f} MB json), {name}", ours, None, "<= 1.5x parse, <= 600 MB")
-        print(f"{'  -> the two runs':<44} " + ", ".join(f"{w:.2f} s" for w, _ in runs)
-              + f"; x{ours[0] / parse:.2f} the orjson parse")
-    print(f"{'  -> orjson parses the two files into dicts':<44} {parse:8.2f} s (best of 2, "
-          f"fresh process)   target: the compare <= {1.5 * parse:.2f} s")
+        rounds = sorted(w / p for w, p in zip(runs, parses))
+        print(f"{f'  -> the {repeat} runs':<44} " + ", ".join(f"{w:.2f} s" for w in runs)
+              + f"; x{ours[0] / parse:.2f} the orjson parse (best over best); each round's over its "
+              f"parse: x{rounds[0]:.2f}-{rounds[-1]:.2f}, median x{rounds[len(rounds) // 2]:.2f}")
+    print(f"{'  -> orjson parses the two files into dicts':<44} {parse:8.2f} s (best of {repeat}, "
+          f"fresh process: {', '.join(f'{p:.2f}' for p in parses)})   target: the compare <= {1.5 * parse:.2f} s")
+    print(f"{'  -> peak memory':<44} of one more run a tree, its PSS sampled every 0.1 s "
+          "(the timed runs are not sampled: a sample costs the compare ~10 ms)")
     if before is not None:
         print(f"{'  -> outputs of the two trees':<44} {same_outputs(outs[0] + '_0', outs[1] + '_0')}")
     return outs[-1] + "_0", ours
@@ -454,14 +478,17 @@ def main():
     ap.add_argument("--pair", metavar="DIR", help="also time the pair written by "
                     "'python ../shared/bench/synth_dump.py 100000 DIR' (the common yardstick)")
     ap.add_argument("--pair-only", action="store_true", help="only the --pair case")
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each 100k-entry pair and of its "
+                    "parse, alternating (the best of each is printed)")
     args = ap.parse_args()
+    compiled(ROOT)
     tmp = tempfile.mkdtemp(prefix="probe_bench_")
     if args.pair_only:
         if not args.pair:
             raise SystemExit("--pair-only needs --pair DIR")
         try:
             before = checkout(args.before, tmp) if args.before else None
-            time_pair("shared synth_dump pair", *pair_files(args.pair), tmp, before, args.before)
+            time_pair("shared synth_dump pair", *pair_files(args.pair), tmp, before, args.before, args.repeat)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return
@@ -491,9 +518,9 @@ def main():
             synth_stats(a, args.entries, 1)
             synth_stats(b, args.entries, 2)
             before = checkout(args.before, tmp) if args.before else None
-            out, ours = time_pair(f"{args.entries // 1000}k stats pair", a, b, tmp, before, args.before)
+            out, ours = time_pair(f"{args.entries // 1000}k stats pair", a, b, tmp, before, args.before, args.repeat)
             if args.pair:
-                time_pair("shared synth_dump pair", *pair_files(args.pair), tmp, before, args.before)
+                time_pair("shared synth_dump pair", *pair_files(args.pair), tmp, before, args.before, args.repeat)
             page = glob.glob(os.path.join(out, "compare_report_*.html"))
             if page:
                 ready = page_ready_s(page[0])
