@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -440,7 +441,7 @@ def time_pair(label, a, b, tmp, before=None, before_label=None, repeat=2):
         rounds = sorted(w / p for w, p in zip(runs, parses))
         print(f"{f'  -> the {repeat} runs':<44} " + ", ".join(f"{w:.2f} s" for w in runs)
               + f"; x{ours[0] / parse:.2f} the orjson parse (best over best); each round's over its "
-              f"parse: x{rounds[0]:.2f}-{rounds[-1]:.2f}, median x{rounds[len(rounds) // 2]:.2f}")
+              f"parse: x{rounds[0]:.2f}-{rounds[-1]:.2f}, median x{statistics.median(rounds):.2f}")
     print(f"{'  -> orjson parses the two files into dicts':<44} {parse:8.2f} s (best of {repeat}, "
           f"fresh process: {', '.join(f'{p:.2f}' for p in parses)})   target: the compare <= {1.5 * parse:.2f} s")
     print(f"{'  -> peak memory':<44} of one more run a tree, its PSS sampled every 0.1 s "
@@ -481,6 +482,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=2, help="runs of each 100k-entry pair and of its "
                     "parse, alternating (the best of each is printed)")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error(f"--repeat must be 1 or more, got {args.repeat}")
     compiled(ROOT)
     tmp = tempfile.mkdtemp(prefix="probe_bench_")
     if args.pair_only:
