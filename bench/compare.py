@@ -85,17 +85,17 @@ def timed(cmd, env=None, capture=False, cwd=None, sample=True):
                             stderr=subprocess.PIPE, text=True, cwd=cwd or ROOT, env=env)
     peak = [0.0]
 
-    def sample():
+    def watch():
         while proc.poll() is None:
             peak[0] = max(peak[0], sum(_pss_mb(p) for p in _tree(proc.pid)))
             time.sleep(0.1)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    if sample:
+    sampler = threading.Thread(target=watch, daemon=True) if sample else None
+    if sampler is not None:
         sampler.start()
     out, err = proc.communicate()
     wall = time.perf_counter() - t
-    if sample:
+    if sampler is not None:
         sampler.join()
     if proc.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-1500:]}")
