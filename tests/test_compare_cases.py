@@ -1,7 +1,9 @@
 """Edge cases on small synthetic dumps: dtypes, shapes, NaN/Inf, bad input, the xlsx."""
+import io
 import json
 import math
 import os
+import sys
 
 import numpy as np
 import openpyxl
@@ -425,3 +427,29 @@ def test_equal_messages_are_one_text(tmp_path):
     messages = [m for m in r.columns["Err_message"] if m]
     assert len(messages) == 40 and len(set(messages)) == 1 and "statistics off by" in messages[0]
     assert len(set(map(id, messages))) == 1
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_the_progress_bar_is_drawn_on_a_terminal_only(tmp_path, monkeypatch):
+    """A log or a pipe gets no bar frames (the compare then does not import tqdm); a
+    terminal gets the bar naming the stage."""
+    from probe.compare.pair_job import stage_bar
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", piped)
+    assert stage_bar() is None
+    a = write_dump(str(tmp_path / "npu"), {"A.op.0.forward": [X]}, task="statistics")
+    b = write_dump(str(tmp_path / "bench"), {"A.op.0.forward": [X * 1.5]}, task="statistics")
+    compare({"npu_json_path": a, "bench_json_path": b, "is_print_compare_log": False},
+            str(tmp_path / "o"), progress=True)
+    assert piped.getvalue() == ""
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    bar = stage_bar()
+    assert bar is not None
+    bar.refresh()           # (drawn from 2 s on; refresh draws now)
+    bar.close()
+    assert "compare: reading" in terminal.getvalue()

@@ -1456,7 +1456,8 @@ def _replay(result, calls, replays, progress: bool) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # small calls one at a time: waking a pool costs more than it saves
     try:
-        for u in tqdm(todo, desc="replay calls", unit="call", delay=2.0, disable=not progress):
+        for u in tqdm(todo, desc="replay calls", unit="call", delay=2.0,
+                      disable=None if progress else True):   # (None: on a terminal only)
             worst, worst_entry = None, u.npu_entry
             for entry in _npu_entries(result, u):
                 le = replays.local_error(entry)

@@ -185,7 +185,7 @@ def _run_jobs(jobs, workers: int | None, progress: bool):
     sizes = [_file_size(j[1]) + _file_size(j[2]) for j in jobs]
     workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
     bar = tqdm(total=sum(sizes), unit="B", unit_scale=True, desc="compare tensors", delay=2.0,
-               disable=not progress, file=sys.stderr)
+               disable=None if progress else True, file=sys.stderr)   # (None: on a terminal only)
     results = {}
     try:
         if workers <= 1 or sum(sizes) < (16 << 20) or len(jobs) < 2:

@@ -46,23 +46,22 @@ def compare_pair(npu_json: str, bench_json: str, output_path: str, options: Comp
     merged_pair.MergedPair when a side is several ranks merged (its rows that can't be
     told, and the rank whose shard differs)."""
     matching, analysis, output = options.matching, options.analysis, options.output
+    import contextlib
     import json
-    import sys
-
-    from tqdm import tqdm
 
     from .diagnosis import diagnose, mark_rows, noise_floor
     from .engine import compare_dumps
     from .heap import give_back_free_heap
     from .reader import gc_paused
     from .report import write_report
-    bar = tqdm(total=None, desc="compare: reading", unit=" rows", delay=2.0, file=sys.stderr,
-               disable=not progress, leave=False)
+    bar = stage_bar() if progress else None
 
     def stage(name):           # shown from 2 s on (update respects the delay, refresh not)
-        bar.set_description(f"compare: {name}", refresh=False)
-        bar.update(0)
-    with gc_paused(), bar:     # millions of live containers, next to no cycles: see engine
+        if bar is not None:
+            bar.set_description(f"compare: {name}", refresh=False)
+            bar.update(0)
+    # millions of live containers, next to no cycles: see engine
+    with gc_paused(), bar if bar is not None else contextlib.nullcontext():
         result = compare_dumps(npu_json, bench_json, stack_json, stack_mode=output.stack_mode,
                                fuzzy_match=matching.fuzzy_match, workers=workers, progress=progress,
                                align=matching.align, stage=stage)
@@ -85,6 +84,18 @@ def compare_pair(npu_json: str, bench_json: str, output_path: str, options: Comp
         with open(paths[-1], encoding="utf-8") as fh:
             summary = json.load(fh)
     return PairResult(paths, result, diag, summary)
+
+
+def stage_bar():
+    """The compare's progress bar, naming the stage, where stderr is a terminal; None
+    where it is a file or a pipe (a CI log, a script's capture), which would only collect
+    the bar's frames, and then tqdm is not imported either (~30 ms of the command)."""
+    import sys
+    isatty = getattr(sys.stderr, "isatty", None)
+    if isatty is None or not isatty():
+        return None
+    from tqdm import tqdm
+    return tqdm(total=None, desc="compare: reading", unit=" rows", delay=2.0, file=sys.stderr, leave=False)
 
 
 @dataclass
