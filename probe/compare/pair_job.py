@@ -91,8 +91,11 @@ def stage_bar():
     where it is a file or a pipe (a CI log, a script's capture), which would only collect
     the bar's frames, and then tqdm is not imported either (~30 ms of the command)."""
     import sys
-    isatty = getattr(sys.stderr, "isatty", None)
-    if isatty is None or not isatty():
+    try:
+        terminal = sys.stderr.isatty()
+    except (AttributeError, ValueError, OSError):      # no stderr (pythonw: None), a closed one
+        terminal = False
+    if not terminal:
         return None
     from tqdm import tqdm
     return tqdm(total=None, desc="compare: reading", unit=" rows", delay=2.0, file=sys.stderr, leave=False)
