@@ -14,7 +14,9 @@
 4. tensor mode on synthetic .npy dumps (target >= 200 MB/s of tensor data);
    ``--pair DIR`` times, in the same way, a pair written elsewhere: the common yardstick
    ``python ../shared/bench/synth_dump.py 100000 DIR`` (dump.json files found under DIR's
-   ``npu`` and ``bench`` folders); ``--pair-only`` times that pair alone;
+   ``npu`` and ``bench`` folders); ``--pair-only`` times that pair alone; each 100k pair's
+   compare is also given in CPU seconds (threads included) against the parse's, the
+   ratio its wall time tends to as the machine's load grows;
 5. ``probe --help`` (target < 0.3 s);
 6. a whole run (``--run-only`` for this case alone): a synthetic tree of 16 ranks x 4 steps
    of 20k-entry statistics dumps (``--run-ranks/--run-steps/--run-entries`` to scale), one
@@ -109,24 +111,32 @@ def timed(cmd, env=None, capture=False, cwd=None, sample=True):
 
 
 def probe_compare(npu, bench, out, tree=None, sample=True):
-    """``tree``: another checkout of probe (``--before``) run instead of this one."""
+    """(wall, peak, CPU): CPU is the process's user + system seconds, its threads' included
+    (what a loaded machine has to find for it, where the wall time is what a quiet one
+    gives). ``tree``: another checkout of probe (``--before``) run instead of this one."""
+    import resource
     env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
-    return timed([sys.executable, "-m", "probe", "compare", "--npu", npu, "--bench", bench, "-o", out],
-                  env=env, cwd=tree, sample=sample)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall, peak = timed([sys.executable, "-m", "probe", "compare", "--npu", npu, "--bench", bench, "-o", out],
+                       env=env, cwd=tree, sample=sample)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, peak, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 _ORJSON_PARSE = """
 import sys, time, orjson
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 docs = [orjson.loads(open(p, "rb").read()) for p in sys.argv[1:]]
-print(time.perf_counter() - t)
+print(time.perf_counter() - t, time.process_time() - c)
 """
 
 
-def orjson_parse_s(*paths) -> float:
+def orjson_parse_s(*paths) -> tuple[float, float]:
     """Seconds orjson takes to parse ``paths`` into dicts in a fresh process, as a plain
-    script does it (the garbage collector on): the yardstick of issue #35's target."""
-    return float(timed([sys.executable, "-c", _ORJSON_PARSE, *paths], capture=True, sample=False)[2])
+    script does it (the garbage collector on): the yardstick of issue #35's target; and the
+    CPU seconds of that parse (one thread: about the same on a quiet machine)."""
+    wall, cpu = timed([sys.executable, "-c", _ORJSON_PARSE, *paths], capture=True, sample=False)[2].split()
+    return float(wall), float(cpu)
 
 
 def checkout(rev: str, tmp: str) -> str:
@@ -426,24 +436,31 @@ def time_pair(label, a, b, tmp, before=None, before_label=None, repeat=2):
     outs = [os.path.join(tmp, f"o_{abs(hash((label, name)))}") for name, _ in trees]
     # the runs alternate (parse, before, this, parse, before, this): the machine's speed
     # drifts over minutes, and a parse timed apart from the compares moved their ratio by a third
-    runs_of: dict = {name: [] for name, _ in trees}
-    parses = []
+    runs_of: dict = {name: [] for name, _ in trees}      # (wall, CPU) of each run
+    parses, parse_cpus = [], []
     for k in range(repeat):
-        parses.append(orjson_parse_s(a, b))
+        wall, cpu = orjson_parse_s(a, b)
+        parses.append(wall)
+        parse_cpus.append(cpu)
         for (name, tree), out in zip(trees, outs):
-            runs_of[name].append(probe_compare(a, b, f"{out}_{k}", tree, sample=False)[0])
+            runs_of[name].append(probe_compare(a, b, f"{out}_{k}", tree, sample=False)[::2])
     peaks = {name: probe_compare(a, b, f"{out}_peak", tree)[1] for (name, tree), out in zip(trees, outs)}
     parse = min(parses)
     for (name, tree), out in zip(trees, outs):
-        runs = runs_of[name]
+        runs = [w for w, _ in runs_of[name]]
+        cpus = [c for _, c in runs_of[name]]
         ours = (min(runs), peaks[name])
         row(f"{label} ({mb:.0f} MB json), {name}", ours, None, "<= 1.5x parse, <= 600 MB")
         rounds = sorted(w / p for w, p in zip(runs, parses))
         print(f"{f'  -> the {repeat} runs':<44} " + ", ".join(f"{w:.2f} s" for w in runs)
               + f"; x{ours[0] / parse:.2f} the orjson parse (best over best); each round's over its "
               f"parse: x{rounds[0]:.2f}-{rounds[-1]:.2f}, median x{statistics.median(rounds):.2f}")
+        # what a loaded machine has to find: the ratio the wall time tends to as load grows
+        print(f"{'  -> CPU (user + system, threads included)':<44} {min(cpus):8.2f} s (best; "
+              f"{', '.join(f'{c:.2f}' for c in cpus)}): x{min(cpus) / min(parse_cpus):.2f} the parse's")
     print(f"{'  -> orjson parses the two files into dicts':<44} {parse:8.2f} s (best of {repeat}, "
-          f"fresh process: {', '.join(f'{p:.2f}' for p in parses)})   target: the compare <= {1.5 * parse:.2f} s")
+          f"fresh process: {', '.join(f'{p:.2f}' for p in parses)}; CPU best {min(parse_cpus):.2f} s)   "
+          f"target: the compare <= {1.5 * parse:.2f} s")
     print(f"{'  -> peak memory':<44} of one more run a tree, its PSS sampled every 0.1 s "
           "(the timed runs are not sampled: a sample costs the compare ~10 ms)")
     if before is not None:
