@@ -443,7 +443,8 @@ def time_pair(label, a, b, tmp, before=None, before_label=None, repeat=2):
         parses.append(wall)
         parse_cpus.append(cpu)
         for (name, tree), out in zip(trees, outs):
-            runs_of[name].append(probe_compare(a, b, f"{out}_{k}", tree, sample=False)[::2])
+            wall, _, cpu = probe_compare(a, b, f"{out}_{k}", tree, sample=False)
+            runs_of[name].append((wall, cpu))
     peaks = {name: probe_compare(a, b, f"{out}_peak", tree)[1] for (name, tree), out in zip(trees, outs)}
     parse = min(parses)
     for (name, tree), out in zip(trees, outs):
